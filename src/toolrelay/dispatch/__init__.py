@@ -1,0 +1,1 @@
+"""Outbound dispatch of tool invocations."""

@@ -1,0 +1,130 @@
+"""Exceptions, one class per stable error code.
+
+Every failure that ends an invocation maps to exactly one ``error_code`` stored in
+``agents.tool_invocations.error_code``. The message is for humans and must never contain
+secret material; the code is for programs and never changes meaning.
+"""
+
+from __future__ import annotations
+
+
+class ToolrelayError(Exception):
+    """Base of every error toolrelay raises on purpose."""
+
+    code: str = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# --- caller mistakes (raised before anything is written) -----------------------------------
+
+
+class NotFound(ToolrelayError):
+    code = "not_found"
+
+
+class PermissionDenied(ToolrelayError):
+    code = "permission_denied"
+
+
+class InvalidArgument(ToolrelayError):
+    code = "invalid_argument"
+
+
+class Conflict(ToolrelayError):
+    code = "conflict"
+
+
+class InvalidState(ToolrelayError):
+    """The object is not in a state that allows the operation (e.g. approving twice)."""
+
+    code = "invalid_state"
+
+
+class ConfigurationError(ToolrelayError):
+    """The environment is missing something (a master key, a database)."""
+
+    code = "configuration_error"
+
+
+# --- invocation outcomes (one per error_code) -----------------------------------------------
+
+
+class InvocationError(ToolrelayError):
+    """An error that ends an invocation; ``code`` is stored as its error_code."""
+
+    code = "invocation_error"
+
+
+class OutcomeUnknown(InvocationError):
+    code = "outcome_unknown"
+
+
+class EgressBlocked(InvocationError):
+    code = "egress_blocked"
+
+
+class HTTPError(InvocationError):
+    code = "http_error"
+
+
+class Timeout(InvocationError):
+    code = "timeout"
+
+
+class InvalidInput(InvocationError):
+    code = "invalid_input"
+
+
+class InvalidOutput(InvocationError):
+    code = "invalid_output"
+
+
+class TemplateError(InvocationError):
+    code = "template_error"
+
+
+class CredentialMissing(InvocationError):
+    code = "credential_missing"
+
+
+class CredentialError(InvocationError):
+    code = "credential_error"
+
+
+class CredentialNeedsReauth(CredentialError):
+    code = "credential_needs_reauth"
+
+
+class CredentialHostMismatch(CredentialError):
+    code = "credential_host_mismatch"
+
+
+class ToolChanged(InvocationError):
+    code = "tool_changed"
+
+
+class ToolInactive(InvocationError):
+    code = "tool_inactive"
+
+
+class NotAssigned(InvocationError):
+    code = "not_assigned"
+
+
+class ResponseTooLarge(InvocationError):
+    code = "response_too_large"
+
+
+class NetworkError(InvocationError):
+    code = "network_error"
+
+
+class ApprovalExpired(InvocationError):
+    code = "approval_expired"
+
+
+class NoEndpoint(InvocationError):
+    code = "no_endpoint"

@@ -1,0 +1,262 @@
+"""The owner's facade: one implementation behind the CLI, the HTTP API and tests.
+
+Every method runs in one transaction as the owner (role ``authenticated`` with the owner's
+uuid as ``auth.uid()``), so row-level security applies to everything it does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from toolrelay.db import Database, translate_db_error
+from toolrelay.db.connect import Row
+from toolrelay.errors import InvalidArgument, NotFound, ToolrelayError
+from toolrelay.registry.models import EXTRA_COLUMNS, UPDATABLE_COLUMNS, ToolSpec
+from toolrelay.registry.validation import check_tool, validate_input
+
+JSON_COLUMNS = frozenset({"schema_input", "schema_output", "request_template"})
+DEFAULT_LIST_LIMIT = 50
+
+_REGISTER_SQL = """
+SELECT (fn_register_tool(
+    p_key => %(key)s, p_name => %(name)s, p_description => %(description)s,
+    p_category => %(category)s, p_schema_input => %(schema_input)s,
+    p_schema_output => %(schema_output)s, p_auth_method => %(auth_method)s,
+    p_requires_approval => %(requires_approval)s, p_is_dangerous => %(is_dangerous)s,
+    p_endpoint_url => %(endpoint_url)s, p_http_method => %(http_method)s,
+    p_request_template => %(request_template)s, p_auth_placement => %(auth_placement)s,
+    p_auth_param_name => %(auth_param_name)s, p_credential_ref => %(credential_ref)s,
+    p_egress_class => %(egress_class)s, p_auth_param_prefix => %(auth_param_prefix)s,
+    p_response_pointer => %(response_pointer)s)).*
+"""
+
+
+def _adapt(column: str, value: Any) -> Any:
+    return Jsonb(value) if column in JSON_COLUMNS and value is not None else value
+
+
+class Registry:
+    """Tools, agents, assignments and invocations of one owner."""
+
+    def __init__(self, db: Database, owner: UUID | str) -> None:
+        self.db = db
+        self.owner = UUID(str(owner))
+
+    @contextmanager
+    def _tx(self) -> Iterator[psycopg.Connection[Row]]:
+        try:
+            with self.db.as_owner(self.owner) as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
+    # --- tools ---------------------------------------------------------------------------
+
+    def register_tool(self, spec: ToolSpec) -> Row:
+        """Create or update (by key) a tool; validated as stored, or nothing is written."""
+        params = {k: _adapt(k, v) for k, v in spec.as_dict().items()}
+        with self._tx() as conn:
+            row = conn.execute(_REGISTER_SQL, params).fetchone()
+            assert row is not None
+            extras = {c: getattr(spec, c) for c in EXTRA_COLUMNS if getattr(spec, c) is not None}
+            if extras:
+                row = self._update_columns(conn, row["id"], extras)
+            check_tool(row)
+            return row
+
+    def update_tool(self, key_or_id: str, changes: Mapping[str, Any]) -> Row:
+        unknown = sorted(set(changes) - set(UPDATABLE_COLUMNS))
+        if unknown:
+            raise InvalidArgument(f"cannot update field(s) {unknown}")
+        with self._tx() as conn:
+            tool = self._find_tool(conn, key_or_id)
+            row = self._update_columns(conn, tool["id"], dict(changes)) if changes else tool
+            check_tool(row)
+            return row
+
+    def _update_columns(
+        self, conn: psycopg.Connection[Row], tool_id: UUID, changes: Mapping[str, Any]
+    ) -> Row:
+        assignments = ", ".join(f"{column} = %({column})s" for column in changes)
+        params = {k: _adapt(k, v) for k, v in changes.items()} | {"id": tool_id}
+        row = conn.execute(
+            f"UPDATE agents.tools_registry SET {assignments} WHERE id = %(id)s RETURNING *",
+            params,
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"tool {tool_id} not found")
+        return row
+
+    def set_tool_status(self, key_or_id: str, status: str) -> Row:
+        return self.update_tool(key_or_id, {"status": status})
+
+    def list_tools(self) -> list[Row]:
+        with self._tx() as conn:
+            return conn.execute("SELECT * FROM agents.tools_registry ORDER BY key").fetchall()
+
+    def get_tool(self, key_or_id: str) -> Row:
+        with self._tx() as conn:
+            return self._find_tool(conn, key_or_id)
+
+    def _find_tool(self, conn: psycopg.Connection[Row], key_or_id: str) -> Row:
+        ident = _as_uuid(key_or_id)
+        if ident is not None:
+            row = conn.execute(
+                "SELECT * FROM agents.tools_registry WHERE id = %s", (ident,)
+            ).fetchone()
+        else:
+            row = conn.execute(
+                "SELECT * FROM agents.tools_registry WHERE key = %s", (key_or_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"tool {key_or_id} not found")
+        return row
+
+    # --- agents and assignments ----------------------------------------------------------
+
+    def create_agent(self, name: str) -> UUID:
+        with self._tx() as conn:
+            row = conn.execute("SELECT fn_create_agent(%s) AS id", (name,)).fetchone()
+            assert row is not None
+            return UUID(str(row["id"]))
+
+    def list_agents(self) -> list[Row]:
+        with self._tx() as conn:
+            return conn.execute("SELECT * FROM agents.agents ORDER BY name").fetchall()
+
+    def get_agent(self, name_or_id: str) -> Row:
+        with self._tx() as conn:
+            return self._find_agent(conn, name_or_id)
+
+    def _find_agent(self, conn: psycopg.Connection[Row], name_or_id: str) -> Row:
+        ident = _as_uuid(name_or_id)
+        column = "id" if ident is not None else "name"
+        row = conn.execute(
+            f"SELECT * FROM agents.agents WHERE {column} = %s", (ident or name_or_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"agent {name_or_id} not found")
+        return row
+
+    def assign(self, agent: str, tool: str, allowed: bool = True) -> UUID:
+        with self._tx() as conn:
+            agent_id = self._find_agent(conn, agent)["id"]
+            tool_id = self._find_tool(conn, tool)["id"]
+            row = conn.execute(
+                "SELECT fn_assign_tool(%s, %s, %s) AS id", (agent_id, tool_id, allowed)
+            ).fetchone()
+            assert row is not None
+            return UUID(str(row["id"]))
+
+    def revoke(self, agent: str, tool: str) -> bool:
+        with self._tx() as conn:
+            agent_id = self._find_agent(conn, agent)["id"]
+            tool_id = self._find_tool(conn, tool)["id"]
+            row = conn.execute(
+                "SELECT fn_revoke_tool(%s, %s) AS revoked", (agent_id, tool_id)
+            ).fetchone()
+            assert row is not None
+            return bool(row["revoked"])
+
+    def list_assignments(self) -> list[Row]:
+        with self._tx() as conn:
+            return conn.execute(
+                "SELECT a.name AS agent, t.key AS tool, s.allowed, s.agent_id, s.tool_id"
+                " FROM agents.tool_assignments s JOIN agents.agents a ON a.id = s.agent_id"
+                " JOIN agents.tools_registry t ON t.id = s.tool_id ORDER BY a.name, t.key"
+            ).fetchall()
+
+    # --- invocations ---------------------------------------------------------------------
+
+    def invoke(
+        self,
+        agent: str,
+        tool: str,
+        input: Mapping[str, Any] | None = None,
+        run_id: UUID | None = None,
+    ) -> UUID:
+        """Validate the input against schema_input, then record the invocation."""
+        payload = dict(input or {})
+        with self._tx() as conn:
+            agent_id = self._find_agent(conn, agent)["id"]
+            tool_row = self._find_tool(conn, tool)
+            validate_input(tool_row["schema_input"], payload)
+            row = conn.execute(
+                "SELECT fn_invoke_tool(%s, %s, %s, %s) AS id",
+                (agent_id, tool_row["id"], Jsonb(payload), run_id),
+            ).fetchone()
+            assert row is not None
+            return UUID(str(row["id"]))
+
+    def approve(self, invocation_id: UUID | str) -> None:
+        with self._tx() as conn:
+            conn.execute("SELECT fn_approve_tool_invocation(%s)", (str(invocation_id),))
+
+    def reject(self, invocation_id: UUID | str, reason: str | None = None) -> None:
+        with self._tx() as conn:
+            conn.execute("SELECT fn_reject_tool_invocation(%s, %s)", (str(invocation_id), reason))
+
+    def expire_pending(self) -> int:
+        with self._tx() as conn:
+            row = conn.execute("SELECT fn_expire_tool_invocations() AS n").fetchone()
+            assert row is not None
+            return int(row["n"])
+
+    def list_invocations(
+        self, status: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+    ) -> list[Row]:
+        with self._tx() as conn:
+            return conn.execute(
+                "SELECT i.*, t.key AS tool_key, a.name AS agent_name"
+                " FROM agents.tool_invocations i"
+                " JOIN agents.tools_registry t ON t.id = i.tool_id"
+                " JOIN agents.agents a ON a.id = i.agent_id"
+                " WHERE (%(status)s::text IS NULL OR i.status = %(status)s)"
+                " ORDER BY i.created_at DESC, i.id DESC LIMIT %(limit)s",
+                {"status": status, "limit": limit},
+            ).fetchall()
+
+    def get_invocation(self, invocation_id: UUID | str) -> Row:
+        """One invocation with its attempt history under ``attempts``."""
+        ident = _as_uuid(str(invocation_id))
+        if ident is None:
+            raise InvalidArgument(f"not an invocation id: {invocation_id!r}")
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT i.*, t.key AS tool_key, a.name AS agent_name"
+                " FROM agents.tool_invocations i"
+                " JOIN agents.tools_registry t ON t.id = i.tool_id"
+                " JOIN agents.agents a ON a.id = i.agent_id WHERE i.id = %s",
+                (ident,),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"invocation {invocation_id} not found")
+            row["attempts"] = conn.execute(
+                "SELECT attempt, worker, started_at, finished_at, status_code, duration_ms,"
+                " error_code, error FROM agents.tool_invocation_attempts"
+                " WHERE invocation_id = %s ORDER BY attempt, id",
+                (ident,),
+            ).fetchall()
+            return row
+
+
+def _as_uuid(value: str) -> UUID | None:
+    try:
+        return UUID(value)
+    except (ValueError, AttributeError):
+        return None
+
+
+def dumps(value: Any) -> str:
+    """JSON for display: uuids and times as strings."""
+    return json.dumps(value, default=str, indent=2, sort_keys=True)
+
+
+__all__ = ["Registry", "ToolSpec", "ToolrelayError", "dumps"]

@@ -1,0 +1,37 @@
+"""Fresh throwaway databases for tests: on DATABASE_URL's server, or an embedded one."""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from pathlib import Path
+
+import psycopg
+from psycopg import conninfo
+
+
+def server_url(scratch: Path) -> str:
+    """The admin URL of the server tests run against."""
+    url = os.environ.get("DATABASE_URL", "").strip()
+    if url:
+        return url
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        server = pgserver.get_server(scratch / "pgdata", cleanup_mode="stop")
+    return str(server.get_uri())
+
+
+def create_database(admin_url: str, prefix: str = "toolrelay_test") -> str:
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return conninfo.make_conninfo(admin_url, dbname=name)
+
+
+def drop_database(admin_url: str, url: str) -> None:
+    name = conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,29 @@
+"""Small builders for registry tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolrelay.registry import Registry, ToolSpec
+
+ECHO_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}}
+
+
+def add_tool(registry: Registry, key: str = "echo.get", **fields: Any) -> dict[str, Any]:
+    spec = {
+        "key": key,
+        "name": key,
+        "endpoint_url": "https://api.example.com/echo",
+        "http_method": "GET",
+        "egress_class": "read_only",
+        "schema_input": ECHO_SCHEMA,
+    } | fields
+    return registry.register_tool(ToolSpec.from_mapping(spec))
+
+
+def agent_with_tool(registry: Registry, **fields: Any) -> tuple[str, dict[str, Any]]:
+    """An agent named 'bot' assigned one tool; returns (agent name, tool row)."""
+    tool = add_tool(registry, **fields)
+    registry.create_agent("bot")
+    registry.assign("bot", tool["key"])
+    return "bot", tool
