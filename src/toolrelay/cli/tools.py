@@ -1,0 +1,162 @@
+"""`toolrelay tool ...`: register, update, apply, list, show, disable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+
+from toolrelay.cli.context import console, database, fail, owner_id
+from toolrelay.cli.render import show, table
+from toolrelay.errors import InvalidArgument, ToolrelayError
+from toolrelay.registry import Registry, ToolSpec
+
+tool_app = typer.Typer(help="Register and manage tools.", no_args_is_help=True)
+
+
+def registry() -> Registry:
+    return Registry(database(), owner_id())
+
+
+def parse_json(option: str, text: str | None) -> Any:
+    """A JSON option value, or @FILE to read it from a file."""
+    if text is None:
+        return None
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"--{option} is not valid JSON: {exc.msg} at char {exc.pos}") from None
+
+
+@tool_app.command("register")
+def register(
+    key: str,
+    name: str = typer.Option(..., help="Human-readable name."),
+    description: str | None = None,
+    category: str = "general",
+    endpoint_url: str | None = typer.Option(None, "--endpoint-url", "--endpoint"),
+    http_method: str | None = typer.Option(None, "--http-method", "--method"),
+    egress_class: str | None = typer.Option(None, help="none, read_only or write."),
+    auth_method: str = "none",
+    credential: str | None = typer.Option(None, help="Credential uuid (credential_ref)."),
+    auth_placement: str | None = None,
+    auth_param_name: str | None = None,
+    auth_param_prefix: str | None = None,
+    schema_input: str | None = typer.Option(None, help="JSON Schema (JSON or @file)."),
+    schema_output: str | None = typer.Option(None, help="JSON Schema (JSON or @file)."),
+    template: str | None = typer.Option(None, help="request_template (JSON or @file)."),
+    response_pointer: str | None = None,
+    requires_approval: bool = False,
+    dangerous: bool = False,
+) -> None:
+    """Create or update (by KEY) a tool."""
+    try:
+        spec = ToolSpec.from_mapping(
+            {
+                "key": key,
+                "name": name,
+                "description": description,
+                "category": category,
+                "endpoint_url": endpoint_url,
+                "http_method": http_method.upper() if http_method else None,
+                "egress_class": egress_class,
+                "auth_method": auth_method,
+                "credential_ref": credential,
+                "auth_placement": auth_placement,
+                "auth_param_name": auth_param_name,
+                "auth_param_prefix": auth_param_prefix,
+                "schema_input": parse_json("schema-input", schema_input) or {},
+                "schema_output": parse_json("schema-output", schema_output) or {},
+                "request_template": parse_json("template", template),
+                "response_pointer": response_pointer,
+                "requires_approval": requires_approval,
+                "is_dangerous": dangerous,
+            }
+        )
+        row = registry().register_tool(spec)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    console.print(str(row["id"]), markup=False, highlight=False)
+
+
+@tool_app.command("update")
+def update(
+    key: str,
+    set_: list[str] = typer.Option(
+        ..., "--set", help="FIELD=VALUE; VALUE is parsed as JSON when it parses."
+    ),
+) -> None:
+    """Change fields of a tool, e.g. --set endpoint_url=https://... --set timeout_seconds=10."""
+    changes: dict[str, Any] = {}
+    for item in set_:
+        field, sep, raw = item.partition("=")
+        if not sep:
+            raise fail(InvalidArgument(f"--set expects FIELD=VALUE, got {item!r}"))
+        try:
+            changes[field] = json.loads(raw)
+        except json.JSONDecodeError:
+            changes[field] = raw
+    try:
+        row = registry().update_tool(key, changes)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    console.print(f"updated {row['key']}", markup=False)
+
+
+def load_tool_file(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidArgument(f"{path}: cannot read tools: {exc}") from None
+    if isinstance(data, dict):
+        data = data.get("tools", [data])
+    if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
+        raise InvalidArgument(f"{path}: expected a list of tools or {{tools: [...]}}")
+    return data
+
+
+@tool_app.command("apply")
+def apply(path: Path) -> None:
+    """Create or update every tool in a YAML/JSON file (idempotent)."""
+    try:
+        specs = [ToolSpec.from_mapping(t) for t in load_tool_file(path)]
+        reg = registry()
+        for spec in specs:
+            reg.register_tool(spec)
+            console.print(f"applied {spec.key}", markup=False)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+
+
+@tool_app.command("list")
+def list_() -> None:
+    """List your tools."""
+    rows = registry().list_tools()
+    table(
+        rows,
+        ["key", "name", "status", "egress_class", "http_method", "endpoint_url", "auth_method"],
+    )
+
+
+@tool_app.command("show")
+def show_(key: str) -> None:
+    """Show one tool (never secret material: credentials are referenced by id)."""
+    try:
+        show(registry().get_tool(key))
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+
+
+@tool_app.command("disable")
+def disable(key: str) -> None:
+    """Disable a tool: invocations not yet sent will not be sent."""
+    try:
+        registry().set_tool_status(key, "disabled")
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    console.print(f"disabled {key}", markup=False)

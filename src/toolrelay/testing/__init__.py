@@ -1,0 +1,1 @@
+"""Test doubles for the services toolrelay dispatches to."""
