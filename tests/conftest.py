@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,8 +16,12 @@ from toolrelay.registry import Registry
 
 
 @pytest.fixture(scope="session")
-def admin_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return server_url(Path(tmp_path_factory.mktemp("embedded")))
+def admin_url() -> Iterator[str]:
+    # Not under pytest's tmp: the embedded server runs as its own user and needs to reach it.
+    scratch = Path(tempfile.mkdtemp(prefix="toolrelay-pg-"))
+    scratch.chmod(0o755)
+    yield server_url(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

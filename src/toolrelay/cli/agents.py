@@ -27,7 +27,9 @@ def agent_list() -> None:
     table(registry().list_agents(), ["id", "name", "status", "created_at"])
 
 
-def assign(agent: str, tool: str, deny: bool = typer.Option(False, help="Assign as denied.")) -> None:
+def assign(
+    agent: str, tool: str, deny: bool = typer.Option(False, help="Assign as denied.")
+) -> None:
     """Let AGENT (name or id) call TOOL (key or id)."""
     try:
         registry().assign(agent, tool, allowed=not deny)
@@ -84,7 +86,10 @@ def invocations_list(
     reg = registry()
     reg.expire_pending()
     rows = reg.list_invocations(status=status, limit=limit)
-    table(rows, ["id", "tool_key", "agent_name", "status", "approval_status", "error_code", "created_at"])
+    table(
+        rows,
+        ["id", "tool_key", "agent_name", "status", "approval_status", "error_code", "created_at"],
+    )
 
 
 @invocations_app.command("show")

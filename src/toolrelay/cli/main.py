@@ -8,6 +8,7 @@ from toolrelay.cli import agents
 from toolrelay.cli.agents import agent_app, invocations_app
 from toolrelay.cli.context import console, fail
 from toolrelay.cli.tools import tool_app
+from toolrelay.cli.worker import worker
 from toolrelay.db import Database, migrate
 from toolrelay.errors import ToolrelayError
 
@@ -21,6 +22,7 @@ app.add_typer(agent_app, name="agent")
 app.add_typer(invocations_app, name="invocations")
 for command in (agents.assign, agents.revoke, agents.invoke, agents.approve, agents.reject):
     app.command()(command)
+app.command()(worker)
 
 
 @app.command("migrate")
@@ -30,7 +32,9 @@ def migrate_() -> None:
         applied = migrate(Database().url)
     except ToolrelayError as exc:
         raise fail(exc) from None
-    console.print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+    console.print(
+        f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else "")
+    )
 
 
 def _register_optional() -> None:

@@ -30,7 +30,9 @@ def parse_json(option: str, text: str | None) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"--{option} is not valid JSON: {exc.msg} at char {exc.pos}") from None
+        raise InvalidArgument(
+            f"--{option} is not valid JSON: {exc.msg} at char {exc.pos}"
+        ) from None
 
 
 @tool_app.command("register")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 
@@ -17,7 +18,9 @@ def embedded_url(home: Path) -> str:
         import pgserver
 
         # cleanup_mode=None leaves the server running for the next CLI command.
-        server = pgserver.get_server(home / "pgdata", cleanup_mode=None)
+        server = pgserver.get_server(  # type: ignore[attr-defined]
+            home / "pgdata", cleanup_mode=None
+        )
     base = server.get_uri()
     _ensure_database(base)
     return server.get_uri(EMBEDDED_DATABASE)
@@ -29,7 +32,5 @@ def _ensure_database(base_url: str) -> None:
             "SELECT 1 FROM pg_database WHERE datname = %s", (EMBEDDED_DATABASE,)
         ).fetchone()
         if not exists:
-            try:
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):  # created concurrently
                 conn.execute(f'CREATE DATABASE "{EMBEDDED_DATABASE}"')
-            except psycopg.errors.DuplicateDatabase:
-                pass  # created concurrently

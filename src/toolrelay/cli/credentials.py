@@ -1,0 +1,161 @@
+"""`toolrelay credential ...`: secrets come from standard input, never from argv."""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from enum import StrEnum
+from uuid import UUID
+
+import typer
+from rich.table import Table
+
+from toolrelay import config
+from toolrelay.cli.context import console, database, err_console, fail, owner_id
+from toolrelay.credentials import (
+    CredentialInfo,
+    CredentialStore,
+    Keyring,
+    generate_master_key,
+    keyring_from_env,
+)
+from toolrelay.errors import InvalidArgument, ToolrelayError
+
+credential_app = typer.Typer(
+    help="Manage credentials: encrypted secrets that tools use to authenticate.",
+    no_args_is_help=True,
+)
+
+
+class Kind(StrEnum):
+    api_key = "api_key"
+    oauth = "oauth"
+    service_account = "service_account"
+
+
+def _keyring() -> Keyring:
+    return keyring_from_env(embedded=config.database_url_from_env() is None)
+
+
+def _store(with_keys: bool = False) -> CredentialStore:
+    return CredentialStore(database(), _keyring() if with_keys else None)
+
+
+def _read_secret(kind: str) -> str:
+    """The secret from stdin, with one trailing newline dropped."""
+    if sys.stdin.isatty():
+        if kind == Kind.api_key.value:
+            return getpass.getpass("secret (input hidden): ")
+        err_console.print(f"paste the {kind} JSON, then press Ctrl-D", highlight=False)
+    text = sys.stdin.read()
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text.removesuffix("\n")
+
+
+def _uuid(value: str) -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise InvalidArgument(f"not a credential id (uuid): {value!r}") from None
+
+
+@credential_app.command()
+def add(
+    kind: Kind = typer.Option(..., "--kind", help="api_key, oauth or service_account."),
+    name: str = typer.Option(..., "--name", help="A name unique among your credentials."),
+    host: list[str] = typer.Option(
+        [], "--host", help="Allowed host or host:port (repeatable; default: first tool's host)."
+    ),
+) -> None:
+    """Add a credential; the secret is read from stdin. Prints the new id."""
+    try:
+        store = _store(with_keys=True)
+        new_id = store.add(owner_id(), kind.value, name, _read_secret(kind.value), host)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    typer.echo(str(new_id))
+
+
+@credential_app.command("list")
+def list_() -> None:
+    """List your credentials (metadata only)."""
+    try:
+        infos = _store().list(owner_id())
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    console.print(_table(infos))
+
+
+@credential_app.command()
+def rotate(credential_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Replace the secret (read from stdin); the id stays the same."""
+    try:
+        ident = _uuid(credential_id)
+        store = _store(with_keys=True)
+        info = store.get(owner_id(), ident)
+        store.rotate(owner_id(), ident, _read_secret(info.kind))
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    err_console.print(f"rotated {ident}", highlight=False)
+
+
+@credential_app.command()
+def hosts(
+    credential_id: str = typer.Argument(..., metavar="ID"),
+    host: list[str] = typer.Option([], "--host", help="Allowed host or host:port (repeatable)."),
+) -> None:
+    """Replace the hosts a credential may be sent to."""
+    try:
+        _store().set_hosts(owner_id(), _uuid(credential_id), host)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+
+
+@credential_app.command()
+def delete(
+    credential_id: str = typer.Argument(..., metavar="ID"),
+    force: bool = typer.Option(False, "--force", help="Unbind tools that use it, then delete."),
+) -> None:
+    """Delete a credential (refused while tools use it, unless --force)."""
+    try:
+        unbound = _store().delete(owner_id(), _uuid(credential_id), force=force)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    if unbound:
+        err_console.print(f"unbound tool(s): {', '.join(unbound)}", highlight=False)
+
+
+@credential_app.command()
+def rewrap() -> None:
+    """Re-wrap every data key under the newest master key; prints how many changed."""
+    try:
+        count = _store(with_keys=True).rewrap()
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    typer.echo(str(count))
+
+
+@credential_app.command()
+def keygen(key_id: str = typer.Option("default", "--id", help="The new key's id.")) -> None:
+    """Print a new master key entry (id:base64) for TOOLRELAY_MASTER_KEY."""
+    try:
+        typer.echo(generate_master_key(key_id))
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+
+
+def _table(infos: list[CredentialInfo]) -> Table:
+    table = Table("id", "name", "kind", "status", "hosts", "created", "last used", "expires")
+    for info in infos:
+        table.add_row(
+            str(info.id),
+            info.name,
+            info.kind,
+            info.status,
+            ", ".join(info.allowed_hosts) or "-",
+            f"{info.created_at:%Y-%m-%d %H:%M}",
+            f"{info.last_used_at:%Y-%m-%d %H:%M}" if info.last_used_at else "-",
+            f"{info.expires_at:%Y-%m-%d %H:%M}" if info.expires_at else "-",
+        )
+    return table

@@ -1,0 +1,102 @@
+-- Named queries of the dispatcher. The worker never writes SQL of its own.
+
+-- name: claim
+-- Claim up to %(limit)s runnable invocations (new, approved, due retries, or a dead
+-- worker's expired leases) and return each with the tool configuration to send it.
+WITH picked AS (
+    SELECT id FROM agents.tool_invocations
+     WHERE status = 'running' AND run_after <= now()
+       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+     ORDER BY run_after
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE agents.tool_invocations i
+       SET attempt = i.attempt + 1, lease_owner = %(worker)s,
+           lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
+      FROM picked
+     WHERE i.id = picked.id
+ RETURNING i.*
+)
+SELECT c.id, c.owner, c.agent_id, c.tool_id, c.input, c.attempt, c.approval_status,
+       c.approval_expires_at, c.config_fingerprint, c.sent_at,
+       agents.tool_fingerprint(t) AS current_fingerprint,
+       t.key AS tool_key, t.status AS tool_status, t.endpoint_url, t.http_method,
+       t.request_template, t.auth_method, t.auth_placement, t.auth_param_name,
+       t.auth_param_prefix, t.credential_ref, t.schema_input, t.schema_output,
+       t.response_pointer, t.connect_timeout_seconds, t.timeout_seconds,
+       t.max_response_bytes, t.max_attempts, t.max_concurrency, t.idempotency_header,
+       a.status AS agent_status, s.allowed AS assignment_allowed
+  FROM claimed c
+  JOIN agents.tools_registry t ON t.id = c.tool_id
+  JOIN agents.agents a ON a.id = c.agent_id
+  LEFT JOIN agents.tool_assignments s ON s.agent_id = c.agent_id AND s.tool_id = c.tool_id;
+
+-- name: mark_sent
+-- Before a write leaves: record that it may have left, fenced by lease and attempt.
+UPDATE agents.tool_invocations i
+   SET sent_at = now()
+  FROM jsonb_to_recordset(%(items)s) AS r(id uuid, attempt integer)
+ WHERE i.id = r.id AND i.attempt = r.attempt AND i.lease_owner = %(worker)s
+   AND i.status = 'running'
+RETURNING i.id;
+
+-- name: finish
+-- Record outcomes (terminal, or 'running' again for a retry) and every attempt made.
+-- A worker whose lease was taken over matches no row: its result is discarded.
+WITH r AS (
+    SELECT * FROM jsonb_to_recordset(%(results)s) AS x(
+        id uuid, attempt integer, status text, output jsonb, error text, error_code text,
+        http_status integer, output_mismatch text, retry_in_ms double precision,
+        clear_sent boolean)
+), attempts AS (
+    INSERT INTO agents.tool_invocation_attempts (
+        invocation_id, owner, attempt, worker, started_at, finished_at, status_code,
+        duration_ms, error_code, error)
+    SELECT a.invocation_id, a.owner, a.attempt, %(worker)s, a.started_at, a.finished_at,
+           a.status_code, a.duration_ms, a.error_code, a.error
+      FROM jsonb_to_recordset(%(attempts)s) AS a(
+          invocation_id uuid, owner uuid, attempt integer, started_at timestamptz,
+          finished_at timestamptz, status_code integer, duration_ms double precision,
+          error_code text, error text)
+)
+UPDATE agents.tool_invocations i
+   SET status = r.status,
+       output = r.output,
+       error = r.error,
+       error_code = r.error_code,
+       http_status = r.http_status,
+       output_mismatch = r.output_mismatch,
+       approval_status = CASE WHEN r.status = 'expired' THEN 'expired' ELSE i.approval_status END,
+       lease_owner = NULL,
+       lease_expires_at = NULL,
+       run_after = CASE WHEN r.status = 'running'
+                        THEN now() + r.retry_in_ms * interval '1 millisecond'
+                        ELSE i.run_after END,
+       sent_at = CASE WHEN r.clear_sent THEN NULL ELSE i.sent_at END,
+       finished_at = CASE WHEN r.status <> 'running' THEN now() END,
+       updated_at = now()
+  FROM r
+ WHERE i.id = r.id AND i.attempt = r.attempt AND i.lease_owner = %(worker)s
+   AND i.status = 'running'
+RETURNING i.id;
+
+-- name: heartbeat
+UPDATE agents.tool_invocations
+   SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'running'
+RETURNING id;
+
+-- name: release
+-- On shutdown: hand back claims whose request never left, for another worker.
+UPDATE agents.tool_invocations
+   SET lease_owner = NULL, lease_expires_at = NULL, attempt = attempt - 1
+ WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'running'
+   AND sent_at IS NULL;
+
+-- name: pending_work
+-- For --drain: is anything still running (runnable now, later, or under a lease)?
+SELECT EXISTS (SELECT 1 FROM agents.tool_invocations WHERE status = 'running') AS busy;
+
+-- name: expire_approvals
+SELECT fn_expire_tool_invocations() AS expired;

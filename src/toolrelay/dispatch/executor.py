@@ -1,0 +1,263 @@
+"""Turn one claimed invocation into one HTTP attempt and an Outcome.
+
+Order matters: every check that can refuse runs before anything leaves, and a write is
+marked as possibly-sent (``before_send``) before its request is written to the socket.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import aiohttp
+from jsonschema.exceptions import best_match
+from jsonschema.validators import validator_for
+from yarl import URL
+
+from toolrelay.dispatch import policy as retry
+from toolrelay.dispatch.egress import EgressPolicy
+from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
+from toolrelay.dispatch.outcome import Outcome, scrub, trim
+from toolrelay.dispatch.template import render_request
+from toolrelay.errors import CredentialMissing, InvocationError, ToolrelayError
+from toolrelay.registry.validation import validate_input
+
+INVOCATION_HEADER = "X-Toolrelay-Invocation"
+Resolve = Callable[[UUID, str, int | None], Awaitable[str]]
+
+
+@dataclass
+class Attempt:
+    """What happened on the wire, for the history table."""
+
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    started: float = field(default_factory=time.monotonic)
+    status_code: int | None = None
+
+    def record(self, row: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
+        return {
+            "invocation_id": str(row["id"]),
+            "owner": str(row["owner"]),
+            "attempt": row["attempt"],
+            "started_at": self.started_at.isoformat(),
+            "finished_at": datetime.now(UTC).isoformat(),
+            "status_code": self.status_code,
+            "duration_ms": round((time.monotonic() - self.started) * 1000, 3),
+            "error_code": outcome.error_code,
+            "error": outcome.error,
+        }
+
+
+@dataclass
+class Executor:
+    session: aiohttp.ClientSession
+    egress: EgressPolicy
+    resolve_credential: Resolve
+    before_send: Callable[[Mapping[str, Any]], Awaitable[bool]]
+
+    async def run(self, row: Mapping[str, Any], attempt: Attempt) -> tuple[Outcome, list[str]]:
+        """Returns the outcome and the secret values to scrub from what is recorded."""
+        secrets: list[str] = []
+        try:
+            outcome = await self._run(row, attempt, secrets)
+        except InvocationError as exc:
+            outcome = Outcome.failed(exc.code, exc.message)
+        except ToolrelayError as exc:
+            outcome = Outcome.failed("credential_error", exc.message)
+        outcome.error = scrub(outcome.error, secrets)
+        outcome.output = scrub(outcome.output, secrets)
+        return outcome, secrets
+
+    async def _run(self, row: Mapping[str, Any], attempt: Attempt, secrets: list[str]) -> Outcome:
+        refusal = precheck(row)
+        if refusal is not None:
+            return refusal
+        spec = self._build(row)
+        if row["credential_ref"] is not None or row["auth_method"] != "none":
+            await self._place_credential(row, spec, secrets)
+        write = not retry.is_idempotent(row["http_method"], row["idempotency_header"])
+        if write and not await self.before_send(row):
+            return Outcome("lost")  # lease taken over: another worker owns it now
+        attempt.started = time.monotonic()
+        try:
+            response = await send(self.session, self.egress, spec)
+        except SendFailure as failure:
+            return on_failure(row, failure, write)
+        attempt.status_code = response.status
+        return on_response(row, response, write)
+
+    def _build(self, row: Mapping[str, Any]) -> SendSpec:
+        rendered = render_request(
+            row["endpoint_url"],
+            row["http_method"],
+            row["request_template"],
+            row["input"],
+            str(row["id"]),
+            row["auth_placement"],
+            row["auth_param_name"],
+        )
+        headers = dict(rendered.headers) | {INVOCATION_HEADER: str(row["id"])}
+        if row["idempotency_header"]:
+            headers[row["idempotency_header"]] = f"toolrelay-{row['id']}"
+        return SendSpec(
+            method=rendered.method,
+            url=rendered.url,
+            headers=headers,
+            body=rendered.body,
+            connect_timeout=row["connect_timeout_seconds"],
+            total_timeout=row["timeout_seconds"],
+            max_bytes=row["max_response_bytes"],
+            follow_redirects=rendered.method == "GET",
+        )
+
+    async def _place_credential(
+        self, row: Mapping[str, Any], spec: SendSpec, secrets: list[str]
+    ) -> None:
+        if row["credential_ref"] is None:
+            raise CredentialMissing(
+                f"tool {row['tool_key']} uses auth_method {row['auth_method']} but has no"
+                " credential_ref; add one with `toolrelay credential add` and set it"
+            )
+        url = URL(spec.url, encoded=True)
+        value = await self.resolve_credential(row["credential_ref"], url.host or "", url.port)
+        placed = f"{row['auth_param_prefix']}{value}"
+        secrets.extend([value, placed])
+        name = row["auth_param_name"]
+        if row["auth_placement"] == "query":
+            spec.url = str(url.update_query({name: placed}))
+            spec.secret_query = name
+        else:
+            spec.headers[name] = placed
+            spec.secret_headers = frozenset({name.lower()})
+
+
+def precheck(row: Mapping[str, Any]) -> Outcome | None:
+    """Refuse before sending: tool, agent, assignment, approval, fingerprint, input."""
+    if row["tool_status"] != "active":
+        return Outcome.failed("tool_inactive", f"tool {row['tool_key']} is {row['tool_status']}")
+    if row["agent_status"] != "active":
+        return Outcome.failed("not_assigned", f"agent is {row['agent_status']}")
+    if row["assignment_allowed"] is not True:
+        what = "revoked" if row["assignment_allowed"] is None else "denied"
+        return Outcome.failed("not_assigned", f"assignment of {row['tool_key']} was {what}")
+    if row["approval_status"] == "approved":
+        expires = row["approval_expires_at"]
+        if expires is not None and expires <= datetime.now(UTC):
+            return Outcome(
+                "expired", error="approval expired before dispatch", error_code="approval_expired"
+            )
+        if row["config_fingerprint"] != row["current_fingerprint"]:
+            return Outcome.failed(
+                "tool_changed",
+                f"tool {row['tool_key']} changed after approval (endpoint, method, template,"
+                " auth or credential); invoke it again to approve the new request",
+            )
+    if row["endpoint_url"] is None:
+        return Outcome.failed("no_endpoint", f"tool {row['tool_key']} has no endpoint_url")
+    validate_input(row["schema_input"], row["input"])
+    return None
+
+
+def on_failure(row: Mapping[str, Any], failure: SendFailure, write: bool) -> Outcome:
+    attempts_left = row["attempt"] < row["max_attempts"]
+    if not failure.left:
+        if attempts_left and failure.code == "network_error":
+            return Outcome.retry(
+                retry.backoff(row["attempt"]), failure.code, failure.message, never_left=True
+            )
+        return Outcome.failed(failure.code, failure.message)
+    if write:
+        # It may have been processed: never resend, a human reconciles.
+        return Outcome.failed(
+            "outcome_unknown",
+            f"{failure.message} after the request was sent ({failure.code});"
+            " the upstream may have processed it, so it is not sent again",
+        )
+    if attempts_left and failure.code in ("network_error", "timeout"):
+        return Outcome.retry(
+            retry.backoff(row["attempt"]), failure.code, failure.message, never_left=False
+        )
+    return Outcome.failed(failure.code, failure.message)
+
+
+def on_response(row: Mapping[str, Any], response: Response, write: bool) -> Outcome:
+    status = response.status
+    attempts_left = row["attempt"] < row["max_attempts"]
+    if 200 <= status < 300:
+        return completed(row, response)
+    if attempts_left and retry.refused_unprocessed(response):
+        delay = retry.retry_after(response)
+        return Outcome.retry(
+            delay if delay is not None else retry.backoff(row["attempt"]),
+            "http_error",
+            f"HTTP {status}: refused, retrying",
+            never_left=True,
+            http_status=status,
+        )
+    if attempts_left and not write and status in retry.RETRYABLE_READ_STATUSES:
+        delay = retry.retry_after(response)
+        return Outcome.retry(
+            delay if delay is not None else retry.backoff(row["attempt"]),
+            "http_error",
+            f"HTTP {status}",
+            never_left=False,
+            http_status=status,
+        )
+    body = trim(response.body.decode("utf-8", "replace"))
+    return Outcome.failed("http_error", f"HTTP {status} from upstream: {body}", http_status=status)
+
+
+def completed(row: Mapping[str, Any], response: Response) -> Outcome:
+    status = response.status
+    if not response.body.strip():
+        return Outcome("completed", output=None, http_status=status)
+    try:
+        body = json.loads(response.body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        snippet = trim(response.body.decode("utf-8", "replace"), 120)
+        return Outcome.failed(
+            "invalid_output",
+            f"expected a JSON response but got {response.content_type or 'no content type'}"
+            f" (HTTP {status}): {snippet} — is the endpoint URL right?",
+            http_status=status,
+        )
+    output, problem = select(body, row["response_pointer"])
+    if problem:
+        return Outcome.failed("invalid_output", problem, http_status=status)
+    return Outcome(
+        "completed",
+        output=output,
+        http_status=status,
+        output_mismatch=schema_mismatch(row["schema_output"], output),
+    )
+
+
+def select(body: Any, pointer: str | None) -> tuple[Any, str | None]:
+    """Resolve an RFC 6901 JSON Pointer; the error says where it stopped."""
+    if not pointer:
+        return body, None
+    current = body
+    for raw in pointer.split("/")[1:]:
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(current, dict) and token in current:
+            current = current[token]
+        elif isinstance(current, list) and token.isdigit() and int(token) < len(current):
+            current = current[int(token)]
+        else:
+            return None, f"response_pointer {pointer} does not match the response (at {token!r})"
+    return current, None
+
+
+def schema_mismatch(schema: Mapping[str, Any], output: Any) -> str | None:
+    if not schema:
+        return None
+    error = best_match(validator_for(schema)(schema).iter_errors(output))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    return f"output at {where}: {error.message}"

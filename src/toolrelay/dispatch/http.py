@@ -1,0 +1,156 @@
+"""One outbound HTTP exchange under the egress guard: timeouts, size cap, redirects."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from toolrelay.dispatch.egress import EgressPolicy, unwrap_egress_error
+from toolrelay.errors import EgressBlocked
+
+MAX_READ_REDIRECTS = 3
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+READ_CHUNK = 65536  # bytes
+
+
+@dataclass
+class SendSpec:
+    method: str
+    url: str
+    headers: dict[str, str]
+    body: Any | None
+    connect_timeout: float
+    total_timeout: float
+    max_bytes: int
+    follow_redirects: bool
+    # Headers (and query parameter) carrying the credential, dropped on a cross-origin hop.
+    secret_headers: frozenset[str] = frozenset()
+    secret_query: str | None = None
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    content_type: str
+    elapsed: float
+    url: str
+
+
+@dataclass
+class SendFailure(Exception):
+    """The exchange failed. ``left`` says whether the request may have reached the server."""
+
+    code: str
+    message: str
+    left: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+async def send(session: aiohttp.ClientSession, policy: EgressPolicy, spec: SendSpec) -> Response:
+    """Send, following redirects only for reads, each hop re-checked by the guard."""
+    started = time.monotonic()
+    url, headers = spec.url, dict(spec.headers)
+    for _hop in range(MAX_READ_REDIRECTS + 1):
+        response = await _exchange(session, policy, spec, url, headers)
+        location = response.headers.get("Location")
+        if not (spec.follow_redirects and response.status in REDIRECT_STATUSES and location):
+            response.elapsed = time.monotonic() - started
+            return response
+        next_url = URL(url).join(URL(location))
+        if _origin(next_url) != _origin(URL(url)):
+            headers = {k: v for k, v in headers.items() if k.lower() not in spec.secret_headers}
+            if spec.secret_query:
+                next_url = next_url.without_query_params(spec.secret_query)
+        url = str(next_url)
+    raise SendFailure("http_error", f"more than {MAX_READ_REDIRECTS} redirects", left=True)
+
+
+def _origin(url: URL) -> tuple[str | None, str | None, int | None]:
+    return (url.scheme, url.host, url.port)
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    policy: EgressPolicy,
+    spec: SendSpec,
+    url: str,
+    headers: dict[str, str],
+) -> Response:
+    policy.check_url(url)
+    timeout = aiohttp.ClientTimeout(total=spec.total_timeout, sock_connect=spec.connect_timeout)
+    kwargs: dict[str, Any] = {"headers": headers, "timeout": timeout, "allow_redirects": False}
+    if spec.body is not None:
+        kwargs["json"] = spec.body
+    try:
+        async with session.request(spec.method, URL(url, encoded=True), **kwargs) as resp:
+            body = await _read_capped(resp, spec.max_bytes)
+            return Response(
+                status=resp.status,
+                headers=dict(resp.headers),
+                body=body,
+                content_type=resp.content_type,
+                elapsed=0.0,
+                url=url,
+            )
+    except EgressBlocked:
+        raise
+    except SendFailure:
+        raise
+    except Exception as exc:
+        raise _classify(exc, spec) from None
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    declared = resp.content_length
+    if declared is not None and declared > max_bytes:
+        raise SendFailure(
+            "response_too_large",
+            f"response of {declared} bytes exceeds the tool's cap of {max_bytes} bytes",
+            left=True,
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.content.iter_chunked(READ_CHUNK):
+        size += len(chunk)
+        if size > max_bytes:
+            raise SendFailure(
+                "response_too_large",
+                f"response exceeds the tool's cap of {max_bytes} bytes",
+                left=True,
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _classify(exc: BaseException, spec: SendSpec) -> BaseException:
+    """Map a client exception to a SendFailure; knowing whether the request left matters."""
+    blocked = unwrap_egress_error(exc)
+    if blocked is not None:
+        return blocked
+    # Connect-phase failures: DNS, refused, TLS, connect timeout. The request never left.
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+        return SendFailure("network_error", f"could not connect: {_describe(exc)}", left=False)
+    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+        return SendFailure(
+            "timeout", f"no complete response within {spec.total_timeout:g} s", left=True
+        )
+    if isinstance(exc, aiohttp.InvalidURL):
+        return SendFailure("template_error", f"invalid URL: {exc}", left=False)
+    if isinstance(exc, aiohttp.ClientError | OSError):
+        return SendFailure("network_error", f"connection failed: {_describe(exc)}", left=True)
+    return SendFailure("network_error", f"unexpected client error: {type(exc).__name__}", left=True)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200]

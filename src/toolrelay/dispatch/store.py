@@ -1,0 +1,94 @@
+"""The dispatcher's database side: every query it runs, by name, as role service_role."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from toolrelay.db.queries import load
+
+Row = dict[str, Any]
+POOL_MIN = 2
+POOL_MAX = 6
+
+
+async def _as_dispatcher(conn: AsyncConnection[Any]) -> None:
+    # Session-level: every statement on a worker connection runs as the dispatcher role.
+    await conn.execute("SET ROLE service_role")
+    await conn.commit()
+
+
+def open_pool(url: str, max_size: int = POOL_MAX) -> AsyncConnectionPool[AsyncConnection[Row]]:
+    return AsyncConnectionPool(
+        url,
+        min_size=min(POOL_MIN, max_size),
+        max_size=max_size,
+        kwargs={"row_factory": dict_row, "autocommit": True},
+        configure=_as_dispatcher,
+        open=False,
+        check=AsyncConnectionPool.check_connection,
+    )
+
+
+class DispatchStore:
+    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Row]], worker: str) -> None:
+        self.pool = pool
+        self.worker = worker
+        self.q = load("dispatch")
+
+    async def claim(self, limit: int, lease_seconds: float) -> list[Row]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                self.q["claim"], {"limit": limit, "worker": self.worker, "lease": lease_seconds}
+            )
+            return await cur.fetchall()
+
+    async def mark_sent(self, items: Sequence[Row]) -> set[UUID]:
+        payload = [{"id": str(r["id"]), "attempt": r["attempt"]} for r in items]
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                self.q["mark_sent"], {"items": Jsonb(payload), "worker": self.worker}
+            )
+            return {row["id"] for row in await cur.fetchall()}
+
+    async def finish(self, results: Sequence[Row], attempts: Sequence[Row]) -> set[UUID]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                self.q["finish"],
+                {
+                    "results": Jsonb(list(results)),
+                    "attempts": Jsonb(list(attempts)),
+                    "worker": self.worker,
+                },
+            )
+            return {row["id"] for row in await cur.fetchall()}
+
+    async def heartbeat(self, ids: Sequence[UUID], lease_seconds: float) -> set[UUID]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(
+                self.q["heartbeat"],
+                {"ids": list(ids), "worker": self.worker, "lease": lease_seconds},
+            )
+            return {row["id"] for row in await cur.fetchall()}
+
+    async def release(self, ids: Sequence[UUID]) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(self.q["release"], {"ids": list(ids), "worker": self.worker})
+
+    async def busy(self) -> bool:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self.q["pending_work"])
+            row = await cur.fetchone()
+            return bool(row and row["busy"])
+
+    async def expire_approvals(self) -> int:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self.q["expire_approvals"])
+            row = await cur.fetchone()
+            return int(row["expired"]) if row else 0

@@ -1,0 +1,312 @@
+"""The dispatcher: claims runnable invocations, sends them, records what happened.
+
+One asyncio loop per process. Claims come in batches (FOR UPDATE SKIP LOCKED), woken by
+LISTEN/NOTIFY with polling as a fallback; leases are renewed by a heartbeat; results are
+fenced by (lease owner, attempt) so a worker whose lease was taken over writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+import aiohttp
+import psycopg
+
+from toolrelay.dispatch.batcher import Batcher
+from toolrelay.dispatch.egress import EgressPolicy, make_connector
+from toolrelay.dispatch.executor import Attempt, Executor
+from toolrelay.dispatch.metrics import Metrics, serve_metrics
+from toolrelay.dispatch.outcome import Outcome
+from toolrelay.dispatch.policy import is_idempotent
+from toolrelay.dispatch.store import DispatchStore, Row, open_pool
+
+log = logging.getLogger("toolrelay.worker")
+
+CHANNEL = "toolrelay_runnable"
+POLL_INTERVAL = 1.0  # seconds; the fallback when no notification arrives
+EXPIRE_INTERVAL = 5.0  # seconds between sweeps of pending approvals past their window
+SHUTDOWN_GRACE = 10.0  # seconds in-flight calls get after SIGTERM
+DB_RETRY_DELAY = 0.5  # seconds between attempts to reach a database that went away
+CLAIM_BATCH = 64
+
+
+@dataclass
+class WorkerSettings:
+    concurrency: int = 64
+    lease_seconds: float = 30.0
+    drain: bool = False
+    metrics_port: int | None = None
+    worker_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.lease_seconds <= 0:
+            raise ValueError("lease_seconds must be positive")
+        self.worker_id = (
+            self.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        )
+
+
+class Worker:
+    def __init__(
+        self, url: str, settings: WorkerSettings, resolver: Any, egress: EgressPolicy | None = None
+    ) -> None:
+        self.url = url
+        self.settings = settings
+        self.resolver = resolver
+        self.egress = egress or EgressPolicy.from_env()
+        self.metrics = Metrics()
+        self.wakeup = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.inflight: dict[UUID, asyncio.Task[None]] = {}
+        self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
+
+    async def run(self) -> None:
+        pool = open_pool(self.url)
+        await pool.open(wait=True)
+        self.store = DispatchStore(pool, self.settings.worker_id)
+        self.sent: Batcher[Row, bool] = Batcher(self._flush_sent)
+        self.done: Batcher[tuple[Row, Row], UUID | None] = Batcher(self._flush_results)
+        if self.resolver is not None and hasattr(self.resolver, "bind"):
+            self.resolver.bind(pool)
+        connector = make_connector(self.egress, limit=self.settings.concurrency)
+        metrics_runner = None
+        if self.settings.metrics_port is not None:
+            metrics_runner = await serve_metrics(
+                self.metrics, "127.0.0.1", self.settings.metrics_port
+            )
+        async with aiohttp.ClientSession(connector=connector) as session:
+            self.executor = Executor(session, self.egress, self._resolve, self._before_send)
+            side = [asyncio.create_task(self._listen()), asyncio.create_task(self._heartbeat())]
+            try:
+                await self._loop()
+            finally:
+                await self._shutdown()
+                for task in side:
+                    task.cancel()
+                await asyncio.gather(*side, return_exceptions=True)
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        await pool.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wakeup.set()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+    # --- the loop ------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        last_expiry = 0.0
+        while not self.stopping.is_set():
+            if time.monotonic() - last_expiry > EXPIRE_INTERVAL:
+                last_expiry = time.monotonic()
+                await self._db_call(self.store.expire_approvals())
+            free = self.settings.concurrency - len(self.inflight)
+            claimed = 0
+            if free > 0:
+                rows = await self._db_call(
+                    self.store.claim(min(free, CLAIM_BATCH), self.settings.lease_seconds)
+                )
+                for row in rows or []:
+                    self._start(row)
+                claimed = len(rows or [])
+                if claimed == min(free, CLAIM_BATCH):
+                    continue  # there may be more ready right now
+            if await self._drained(claimed):
+                return
+            await self._wait()
+
+    async def _drained(self, claimed: int) -> bool:
+        """--drain: done when nothing is in flight here and nothing is running anywhere."""
+        if not self.settings.drain or self.inflight or claimed:
+            return False
+        return not await self._db_call(self.store.busy(), default=True)
+
+    async def _wait(self) -> None:
+        self.wakeup.clear()
+        waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self.wakeup.wait())]
+        if self.inflight and len(self.inflight) >= self.settings.concurrency:
+            waiters.append(
+                asyncio.ensure_future(
+                    asyncio.wait(list(self.inflight.values()), return_when=asyncio.FIRST_COMPLETED)
+                )
+            )
+        _, pending = await asyncio.wait(
+            waiters, timeout=POLL_INTERVAL, return_when=asyncio.FIRST_COMPLETED
+        )
+        for fut in pending:
+            fut.cancel()
+
+    async def _db_call(self, coro: Any, default: Any = None) -> Any:
+        """Run a store call; a database that went away is retried on the next turn."""
+        try:
+            return await coro
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            log.warning(
+                "database unavailable", extra={"action": "db_error", "error": str(exc)[:200]}
+            )
+            await asyncio.sleep(DB_RETRY_DELAY)
+            return default
+
+    def _start(self, row: Row) -> None:
+        self.metrics.claimed += 1
+        task = asyncio.create_task(self._handle(row))
+        self.inflight[row["id"]] = task
+        key: UUID = row["id"]
+        task.add_done_callback(lambda _task: self._finished(key))
+
+    def _finished(self, key: UUID) -> None:
+        self.inflight.pop(key, None)
+        self.wakeup.set()
+
+    # --- one invocation ------------------------------------------------------------------
+
+    async def _handle(self, row: Row) -> None:
+        attempt = Attempt()
+        limit = self._tool_limit(row)
+        async with limit if limit is not None else contextlib.nullcontext():
+            outcome, _ = await self._decide(row, attempt)
+        if outcome.status == "lost":
+            self.metrics.lost_leases += 1
+            return
+        self.metrics.observe(outcome.status, outcome.error_code, time.monotonic() - attempt.started)
+        # Shielded: a shutdown must not lose a result that was already decided.
+        recorded = await asyncio.shield(self._record(row, outcome, attempt))
+        log.info(
+            "invocation attempt finished",
+            extra={
+                "action": "dispatch",
+                "invocation_id": str(row["id"]),
+                "tool": row["tool_key"],
+                "attempt": row["attempt"],
+                "outcome": outcome.status,
+                "error_code": outcome.error_code,
+                "http_status": outcome.http_status,
+                "recorded": recorded,
+            },
+        )
+
+    async def _decide(self, row: Row, attempt: Attempt) -> tuple[Outcome, list[str]]:
+        if row["sent_at"] is not None:  # a previous attempt may have left: a dead worker's
+            self.metrics.recovered += 1
+            if not is_idempotent(row["http_method"], row["idempotency_header"]):
+                return Outcome.failed(
+                    "outcome_unknown",
+                    "the worker sending this write stopped before recording a result; it may"
+                    " have reached the upstream, so it is not sent again",
+                ), []
+        if row["attempt"] > row["max_attempts"]:
+            return Outcome.failed(
+                "outcome_unknown" if row["sent_at"] else "network_error",
+                f"gave up after {row['max_attempts']} attempts",
+            ), []
+        return await self.executor.run(row, attempt)
+
+    def _tool_limit(self, row: Mapping[str, Any]) -> asyncio.Semaphore | None:
+        if not row["max_concurrency"]:
+            return None
+        return self.tool_limits.setdefault(
+            row["tool_id"], asyncio.Semaphore(row["max_concurrency"])
+        )
+
+    async def _before_send(self, row: Mapping[str, Any]) -> bool:
+        """Durably mark a write as possibly sent; False when our lease is gone."""
+        return await self.sent.submit(dict(row))
+
+    async def _resolve(self, credential_id: UUID, host: str, port: int | None) -> str:
+        if self.resolver is None:
+            from toolrelay.errors import CredentialError
+
+            raise CredentialError("no credential resolver configured for this worker")
+        return str(await self.resolver.resolve(credential_id, host, port, self.executor.session))
+
+    async def _record(self, row: Row, outcome: Outcome, attempt: Attempt) -> bool:
+        result = {
+            "id": str(row["id"]),
+            "attempt": row["attempt"],
+            "status": outcome.status,
+            "output": outcome.output,
+            "error": outcome.error,
+            "error_code": outcome.error_code,
+            "http_status": outcome.http_status,
+            "output_mismatch": outcome.output_mismatch,
+            "retry_in_ms": outcome.retry_in * 1000,
+            "clear_sent": outcome.clear_sent,
+        }
+        try:
+            written = await self.done.submit((result, attempt.record(row, outcome)))
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            log.warning(
+                "could not record a result; the lease will expire and be recovered",
+                extra={"action": "record_failed", "invocation_id": str(row["id"])},
+            )
+            return False
+        if written is None:
+            self.metrics.lost_leases += 1
+        return written is not None
+
+    async def _flush_sent(self, items: Sequence[Row]) -> list[bool]:
+        marked = await self.store.mark_sent(items)
+        return [item["id"] in marked for item in items]
+
+    async def _flush_results(self, items: Sequence[tuple[Row, Row]]) -> list[UUID | None]:
+        written = await self.store.finish([r for r, _ in items], [a for _, a in items])
+        return [UUID(r["id"]) if UUID(r["id"]) in written else None for r, _ in items]
+
+    # --- background ----------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        interval = self.settings.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            ids = list(self.inflight)
+            if ids:
+                await self._db_call(self.store.heartbeat(ids, self.settings.lease_seconds))
+
+    async def _listen(self) -> None:
+        """Wake the loop on NOTIFY; reconnect when the database goes away."""
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self.wakeup.set()  # anything that arrived while we were not listening
+                    async for _ in conn.notifies():
+                        self.wakeup.set()
+            except (psycopg.OperationalError, psycopg.InterfaceError):
+                await asyncio.sleep(DB_RETRY_DELAY)
+
+    async def _shutdown(self) -> None:
+        if self.inflight:
+            _, pending = await asyncio.wait(list(self.inflight.values()), timeout=SHUTDOWN_GRACE)
+            ids = [key for key, task in self.inflight.items() if task in pending]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            if ids:
+                await self._db_call(self.store.release(ids))
+
+
+async def run_worker(
+    url: str, settings: WorkerSettings, resolver: Any, egress: EgressPolicy | None = None
+) -> Worker:
+    worker = Worker(url, settings, resolver, egress)
+    worker.install_signal_handlers()
+    await worker.run()
+    return worker
