@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.dispatch.upstream import Upstream, start_upstream
+from toolrelay.credentials import Keyring
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 
@@ -31,10 +32,10 @@ def drain(database_url: str) -> Callable[..., Awaitable[Worker]]:
     """Run one worker with --drain semantics until nothing is left to do."""
 
     async def run(
-        egress: EgressPolicy = LOOPBACK_ONLY, resolver: Any = None, **settings: Any
+        egress: EgressPolicy = LOOPBACK_ONLY, keyring: Keyring | None = None, **settings: Any
     ) -> Worker:
         options = {"concurrency": 16, "lease_seconds": 5.0, "drain": True} | settings
-        worker = Worker(database_url, WorkerSettings(**options), resolver, egress)
+        worker = Worker(database_url, WorkerSettings(**options), keyring, egress)
         await asyncio.wait_for(worker.run(), DRAIN_TIMEOUT)
         return worker
 

@@ -256,3 +256,54 @@ async def test_worker_whose_lease_was_taken_cannot_write(
     finally:
         await pool.close()
     assert registry.get_invocation(inv_id)["output"] == {"fresh": True}
+
+
+async def test_api_key_is_placed_verbatim_after_the_prefix_and_scrubbed(
+    registry: Registry, upstream: Upstream, drain: Drain, db: Database
+) -> None:
+    from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
+
+    keyring = Keyring.parse(generate_master_key())
+    secret = "sk-live-0123456789abcdef"
+    cred = CredentialStore(db, keyring).add(registry.owner, "api_key", "svc", secret)
+
+    async def leaky(request: web.Request, _hit: int) -> web.Response:
+        return web.json_response({"echo": request.headers.get("X-Api-Key")}, status=500)
+
+    upstream.routes["/leaky"] = leaky
+    agent, tool = agent_with_tool(
+        registry,
+        **tool_at(upstream, "/secure", auth_method="api_key", credential_ref=cred,
+                  auth_param_name="X-Api-Key", auth_param_prefix="Token "),
+    )
+    inv_id = registry.invoke(agent, tool["key"], {})
+    leak = add_leaky(registry, upstream, cred, agent)
+    leak_id = registry.invoke(agent, leak, {})
+    await drain(keyring=keyring)
+    secure = next(s for s in upstream.seen if s.path == "/secure")
+    assert secure.headers["X-Api-Key"] == f"Token {secret}"
+    assert registry.get_invocation(inv_id)["status"] == "completed"
+    leaked = registry.get_invocation(leak_id)
+    assert leaked["status"] == "failed"
+    assert secret not in (leaked["error"] or "") and "[redacted]" in leaked["error"]
+
+
+def add_leaky(registry: Registry, upstream: Upstream, cred: Any, agent: str) -> str:
+    from tests.registry.helpers import add_tool
+
+    tool = add_tool(registry, key="echo.leaky", endpoint_url=f"{upstream.base_url}/leaky",
+                    auth_method="api_key", credential_ref=cred, auth_param_name="X-Api-Key",
+                    max_attempts=1)
+    registry.assign(agent, tool["key"])
+    return str(tool["key"])
+
+
+async def test_tool_with_auth_but_no_credential_is_not_dispatched(
+    registry: Registry, upstream: Upstream, drain: Drain
+) -> None:
+    agent, tool = agent_with_tool(registry, **tool_at(upstream, "/x", auth_method="api_key"))
+    inv_id = registry.invoke(agent, tool["key"], {})
+    await drain()
+    inv = registry.get_invocation(inv_id)
+    assert (inv["status"], inv["error_code"]) == ("failed", "credential_missing")
+    assert upstream.seen == []

@@ -7,16 +7,10 @@ import asyncio
 import typer
 
 from toolrelay import config, logs
-from toolrelay.cli.context import database, fail
+from toolrelay.cli.context import database, err_console, fail
+from toolrelay.credentials import Keyring, keyring_from_env
 from toolrelay.dispatch.worker import WorkerSettings, run_worker
-from toolrelay.errors import ToolrelayError
-
-
-def make_resolver(embedded: bool) -> object:
-    """The credential resolver for this process (decrypts only inside the dispatcher)."""
-    from toolrelay.credentials import CredentialResolver, keyring_from_env
-
-    return CredentialResolver(None, keyring_from_env(embedded=embedded))
+from toolrelay.errors import ConfigurationError, ToolrelayError
 
 
 def worker(
@@ -30,13 +24,20 @@ def worker(
     logs.configure(log_level)
     try:
         db = database()
-        resolver = make_resolver(embedded=config.database_url_from_env() is None)
+        try:
+            keyring: Keyring | None = keyring_from_env(
+                embedded=config.database_url_from_env() is None
+            )
+        except ConfigurationError as exc:
+            # Tools without credentials still run; those with one fail with credential_error.
+            err_console.print(f"warning: {exc.message}", markup=False, highlight=False)
+            keyring = None
         settings = WorkerSettings(
             concurrency=concurrency,
             lease_seconds=lease_seconds,
             drain=drain,
             metrics_port=metrics_port,
         )
-        asyncio.run(run_worker(db.url, settings, resolver))
+        asyncio.run(run_worker(db.url, settings, keyring))
     except ToolrelayError as exc:
         raise fail(exc) from None

@@ -23,6 +23,7 @@ from uuid import UUID
 import aiohttp
 import psycopg
 
+from toolrelay.credentials import CredentialResolver, Keyring
 from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
 from toolrelay.dispatch.executor import Attempt, Executor
@@ -30,6 +31,7 @@ from toolrelay.dispatch.metrics import Metrics, serve_metrics
 from toolrelay.dispatch.outcome import Outcome
 from toolrelay.dispatch.policy import is_idempotent
 from toolrelay.dispatch.store import DispatchStore, Row, open_pool
+from toolrelay.errors import CredentialError
 
 log = logging.getLogger("toolrelay.worker")
 
@@ -61,11 +63,16 @@ class WorkerSettings:
 
 class Worker:
     def __init__(
-        self, url: str, settings: WorkerSettings, resolver: Any, egress: EgressPolicy | None = None
+        self,
+        url: str,
+        settings: WorkerSettings,
+        keyring: Keyring | None,
+        egress: EgressPolicy | None = None,
     ) -> None:
         self.url = url
         self.settings = settings
-        self.resolver = resolver
+        self.keyring = keyring
+        self.resolver: CredentialResolver | None = None
         self.egress = egress or EgressPolicy.from_env()
         self.metrics = Metrics()
         self.wakeup = asyncio.Event()
@@ -79,8 +86,8 @@ class Worker:
         self.store = DispatchStore(pool, self.settings.worker_id)
         self.sent: Batcher[Row, bool] = Batcher(self._flush_sent)
         self.done: Batcher[tuple[Row, Row], UUID | None] = Batcher(self._flush_results)
-        if self.resolver is not None and hasattr(self.resolver, "bind"):
-            self.resolver.bind(pool)
+        if self.keyring is not None:
+            self.resolver = CredentialResolver(pool, self.keyring)
         connector = make_connector(self.egress, limit=self.settings.concurrency)
         metrics_runner = None
         if self.settings.metrics_port is not None:
@@ -232,10 +239,8 @@ class Worker:
 
     async def _resolve(self, credential_id: UUID, host: str, port: int | None) -> str:
         if self.resolver is None:
-            from toolrelay.errors import CredentialError
-
-            raise CredentialError("no credential resolver configured for this worker")
-        return str(await self.resolver.resolve(credential_id, host, port, self.executor.session))
+            raise CredentialError("this worker has no master key, so it cannot use credentials")
+        return await self.resolver.resolve(credential_id, host, port, self.executor.session)
 
     async def _record(self, row: Row, outcome: Outcome, attempt: Attempt) -> bool:
         result = {
