@@ -7,6 +7,7 @@ import typer
 from toolrelay.cli import agents
 from toolrelay.cli.agents import agent_app, invocations_app
 from toolrelay.cli.context import console, fail
+from toolrelay.cli.demo import demo
 from toolrelay.cli.tools import tool_app
 from toolrelay.cli.worker import worker
 from toolrelay.db import Database, migrate
@@ -23,6 +24,7 @@ app.add_typer(invocations_app, name="invocations")
 for command in (agents.assign, agents.revoke, agents.invoke, agents.approve, agents.reject):
     app.command()(command)
 app.command()(worker)
+app.command()(demo)
 
 
 @app.command("migrate")

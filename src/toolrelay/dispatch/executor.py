@@ -96,7 +96,7 @@ class Executor:
             row["endpoint_url"],
             row["http_method"],
             row["request_template"],
-            row["input"],
+            with_defaults(row["schema_input"], row["input"]),
             str(row["id"]),
             row["auth_placement"],
             row["auth_param_name"],
@@ -134,6 +134,17 @@ class Executor:
         else:
             spec.headers[name] = placed
             spec.secret_headers = frozenset({name.lower()})
+
+
+def with_defaults(schema: Mapping[str, Any], value: Mapping[str, Any]) -> dict[str, Any]:
+    """Top-level ``default``s of schema_input fill members the input leaves out."""
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    filled = dict(value)
+    if isinstance(properties, Mapping):
+        for name, prop in properties.items():
+            if name not in filled and isinstance(prop, Mapping) and "default" in prop:
+                filled[name] = prop["default"]
+    return filled
 
 
 def precheck(row: Mapping[str, Any]) -> Outcome | None:
