@@ -14,7 +14,8 @@ from tests.pgtest import create_database, drop_database
 from toolrelay.db import available_migrations, migrate
 
 RFC_SQL = (
-    Path(__file__).parents[2] / "src/toolrelay/db/migrations/0003_rfc0006_endpoint_and_credential.sql"
+    Path(__file__).parents[2]
+    / "src/toolrelay/db/migrations/0003_rfc0006_endpoint_and_credential.sql"
 )
 
 

@@ -28,8 +28,13 @@ async def test_gated_write_is_sent_once_after_approval(
 ) -> None:
     agent, tool = agent_with_tool(
         registry,
-        **tool_at(upstream, "/posts", http_method="POST", egress_class="write",
-                  request_template={"body": {"post": {"text": "{{input.text}}"}}}),
+        **tool_at(
+            upstream,
+            "/posts",
+            http_method="POST",
+            egress_class="write",
+            request_template={"body": {"post": {"text": "{{input.text}}"}}},
+        ),
     )
     inv_id = registry.invoke(agent, tool["key"], {"text": "hello"})
     await drain()
@@ -198,8 +203,12 @@ async def test_response_pointer_and_output_mismatch(
     upstream.routes["/created"] = created
     agent, tool = agent_with_tool(
         registry,
-        **tool_at(upstream, "/created", response_pointer="/0",
-                  schema_output={"type": "object", "properties": {"postId": {"type": "string"}}}),
+        **tool_at(
+            upstream,
+            "/created",
+            response_pointer="/0",
+            schema_output={"type": "object", "properties": {"postId": {"type": "string"}}},
+        ),
     )
     inv_id = registry.invoke(agent, tool["key"], {})
     await drain()
@@ -246,10 +255,18 @@ async def test_worker_whose_lease_was_taken_cannot_write(
             )
         retaken = [r for r in await second.claim(1000, 30) if r["id"] == inv_id]
         assert retaken and retaken[0]["attempt"] == claimed[0]["attempt"] + 1
-        stale = {"id": str(inv_id), "attempt": claimed[0]["attempt"], "status": "completed",
-                 "output": {"stale": True}, "error": None, "error_code": None,
-                 "http_status": 200, "output_mismatch": None, "retry_in_ms": 0,
-                 "clear_sent": False}
+        stale = {
+            "id": str(inv_id),
+            "attempt": claimed[0]["attempt"],
+            "status": "completed",
+            "output": {"stale": True},
+            "error": None,
+            "error_code": None,
+            "http_status": 200,
+            "output_mismatch": None,
+            "retry_in_ms": 0,
+            "clear_sent": False,
+        }
         assert await first.finish([stale], []) == set()
         fresh = stale | {"attempt": retaken[0]["attempt"], "output": {"fresh": True}}
         assert await second.finish([fresh], []) == {inv_id}
@@ -273,8 +290,14 @@ async def test_api_key_is_placed_verbatim_after_the_prefix_and_scrubbed(
     upstream.routes["/leaky"] = leaky
     agent, tool = agent_with_tool(
         registry,
-        **tool_at(upstream, "/secure", auth_method="api_key", credential_ref=cred,
-                  auth_param_name="X-Api-Key", auth_param_prefix="Token "),
+        **tool_at(
+            upstream,
+            "/secure",
+            auth_method="api_key",
+            credential_ref=cred,
+            auth_param_name="X-Api-Key",
+            auth_param_prefix="Token ",
+        ),
     )
     inv_id = registry.invoke(agent, tool["key"], {})
     leak = add_leaky(registry, upstream, cred, agent)
@@ -291,9 +314,15 @@ async def test_api_key_is_placed_verbatim_after_the_prefix_and_scrubbed(
 def add_leaky(registry: Registry, upstream: Upstream, cred: Any, agent: str) -> str:
     from tests.registry.helpers import add_tool
 
-    tool = add_tool(registry, key="echo.leaky", endpoint_url=f"{upstream.base_url}/leaky",
-                    auth_method="api_key", credential_ref=cred, auth_param_name="X-Api-Key",
-                    max_attempts=1)
+    tool = add_tool(
+        registry,
+        key="echo.leaky",
+        endpoint_url=f"{upstream.base_url}/leaky",
+        auth_method="api_key",
+        credential_ref=cred,
+        auth_param_name="X-Api-Key",
+        max_attempts=1,
+    )
     registry.assign(agent, tool["key"])
     return str(tool["key"])
 

@@ -55,7 +55,11 @@ class Upstream:
 async def echo(request: web.Request, _hit: int) -> web.StreamResponse:
     raw = await request.read()
     return web.json_response(
-        {"method": request.method, "query": dict(request.query), "body": json.loads(raw) if raw else None}
+        {
+            "method": request.method,
+            "query": dict(request.query),
+            "body": json.loads(raw) if raw else None,
+        }
     )
 
 

@@ -20,7 +20,9 @@ def check_json_schema(where: str, schema: Mapping[str, Any]) -> None:
         validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         path = "/".join(str(p) for p in exc.path) or "(root)"
-        raise InvalidArgument(f"{where} is not a valid JSON Schema at {path}: {exc.message}") from None
+        raise InvalidArgument(
+            f"{where} is not a valid JSON Schema at {path}: {exc.message}"
+        ) from None
 
 
 def validate_input(schema: Mapping[str, Any], value: Any) -> None:
@@ -39,7 +41,9 @@ def check_response_pointer(pointer: str | None) -> None:
         return
     assert pointer is not None
     if not pointer.startswith("/"):
-        raise InvalidArgument(f"response_pointer must be a JSON Pointer starting with '/': {pointer!r}")
+        raise InvalidArgument(
+            f"response_pointer must be a JSON Pointer starting with '/': {pointer!r}"
+        )
 
 
 def check_tool(tool: Mapping[str, Any]) -> None:

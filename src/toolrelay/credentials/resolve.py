@@ -1,0 +1,248 @@
+"""The dispatcher's side: the value to place in a request, for one credential and one host.
+
+Each call reads the row (status and host binding must be current) and decrypts. Measured
+locally: unwrap + decrypt about 2-6 µs, a whole api_key resolve (pool checkout, one SELECT)
+about 140 µs, so caching plaintext would save almost nothing and is not done.
+Service-account access tokens are cached per process (the token request is the expensive
+part); OAuth access tokens live encrypted in the row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+from uuid import UUID
+
+import aiohttp
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from toolrelay.credentials import crypto
+from toolrelay.credentials.formats import (
+    ApiKeySecret,
+    OAuthSecret,
+    Secret,
+    ServiceAccountSecret,
+    decode_secret,
+    encode_secret,
+    with_tokens,
+)
+from toolrelay.credentials.hosts import host_allowed
+from toolrelay.credentials.keys import Keyring
+from toolrelay.credentials.oauth import InvalidGrant, refresh_access_token
+from toolrelay.credentials.service_account import ServiceAccountTokens
+from toolrelay.credentials.token_endpoint import TokenResponse
+from toolrelay.errors import (
+    CredentialError,
+    CredentialHostMismatch,
+    CredentialMissing,
+    CredentialNeedsReauth,
+)
+
+__all__ = ["CredentialResolver"]
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+_S = TypeVar("_S", ApiKeySecret, OAuthSecret, ServiceAccountSecret)
+
+_SELECT = (
+    "SELECT id, owner, name, kind, status, allowed_hosts, key_id, wrapped_key, nonce,"
+    " ciphertext, expires_at FROM agents.credentials WHERE id = %s"
+)
+# SKIP LOCKED: never wait behind a refresh or rotation just to record a use.
+_TOUCH = (
+    "UPDATE agents.credentials SET last_used_at = now() WHERE id IN ("
+    " SELECT id FROM agents.credentials WHERE id = %s AND (last_used_at IS NULL"
+    " OR last_used_at < now() - make_interval(secs => %s)) FOR UPDATE SKIP LOCKED)"
+)
+
+
+class CredentialResolver:
+    """Resolves credentials on connections that already act as ``service_role``."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        keyring: Keyring,
+        *,
+        refresh_skew: float = 60.0,
+        retry_delays: Sequence[float] = (0.2, 0.6),
+        token_timeout: float = 10.0,
+        touch_interval: float = 60.0,
+    ) -> None:
+        self._pool = pool
+        self._keyring = keyring
+        self._skew = timedelta(seconds=refresh_skew)
+        self._retry_delays = tuple(retry_delays)
+        self._timeout = token_timeout
+        self._touch_interval = touch_interval
+        self._touched: dict[UUID, float] = {}
+        self._sa_tokens = ServiceAccountTokens(
+            skew=refresh_skew, retry_delays=self._retry_delays, timeout=token_timeout
+        )
+
+    async def resolve(
+        self, credential_id: UUID, host: str, port: int | None, http: aiohttp.ClientSession
+    ) -> str:
+        """The secret value for a request to ``host``:``port`` (pass the effective port).
+
+        Raises CredentialMissing, CredentialHostMismatch, CredentialNeedsReauth or
+        CredentialError (undecryptable, unknown master key, token endpoint failure).
+        """
+        async with self._pool.connection() as conn:
+            row = await _read_and_end(conn, credential_id)
+            _check_host(row, host, port)
+            _check_status(row)
+            await self._touch(conn, credential_id)
+            if row["kind"] == "oauth":
+                return await self._oauth_token(conn, row, http)
+        # No connection held while a service account waits for its token endpoint.
+        if row["kind"] == "service_account":
+            return await self._sa_tokens.token(
+                row["id"],
+                bytes(row["nonce"]),
+                lambda: _expect(self._decrypt(row), ServiceAccountSecret),
+                http,
+            )
+        return _expect(self._decrypt(row), ApiKeySecret).value
+
+    async def _oauth_token(
+        self, conn: AsyncConnection[Any], row: Row, http: aiohttp.ClientSession
+    ) -> str:
+        secret = _expect(self._decrypt(row), OAuthSecret)
+        if secret.access_token is not None and self._fresh(row["expires_at"]):
+            return secret.access_token
+        return await self._refresh(conn, row["id"], http)
+
+    async def _refresh(
+        self, conn: AsyncConnection[Any], credential_id: UUID, http: aiohttp.ClientSession
+    ) -> str:
+        """Refresh under the row lock; a waiter re-reads and uses the first one's token."""
+        async with conn.transaction():
+            row = await _read(conn, credential_id, lock=True)
+            _check_status(row)
+            secret = _expect(self._decrypt(row), OAuthSecret)
+            if secret.access_token is not None and self._fresh(row["expires_at"]):
+                return secret.access_token
+            try:
+                token = await refresh_access_token(
+                    http, secret, retry_delays=self._retry_delays, timeout=self._timeout
+                )
+            except InvalidGrant:
+                await _set_status(conn, credential_id, "needs_reauth")
+                reason = "was refused by the token endpoint (invalid_grant)"
+                if secret.refresh_token is None:
+                    reason = "expired and has no refresh token"
+            else:
+                await self._store_tokens(conn, row, secret, token)
+                return token.access_token
+        # Outside the block: the needs_reauth status is committed before we raise.
+        log.warning("oauth credential %s needs re-authorization", credential_id)
+        raise CredentialNeedsReauth(
+            f"oauth credential {row['name']!r} ({credential_id}) {reason}; it needs "
+            f"re-authorization: rotate it with new tokens (toolrelay credential rotate {credential_id})"
+        )
+
+    async def _store_tokens(
+        self, conn: AsyncConnection[Any], row: Row, secret: OAuthSecret, token: TokenResponse
+    ) -> None:
+        """Persist the new access token, and the refresh token when the server rotated it."""
+        updated = with_tokens(secret, token.access_token, token.refresh_token)
+        env = crypto.seal(self._keyring, _ident(row), encode_secret(updated))
+        expires_at = None
+        if token.expires_in is not None:
+            expires_at = _now() + timedelta(seconds=token.expires_in)
+        await conn.execute(
+            "UPDATE agents.credentials SET key_id = %s, wrapped_key = %s, nonce = %s,"
+            " ciphertext = %s, expires_at = %s WHERE id = %s",
+            (env.key_id, env.wrapped_key, env.nonce, env.ciphertext, expires_at, row["id"]),
+        )
+        rotated = " and a rotated refresh token" if token.refresh_token else ""
+        log.info("oauth credential %s refreshed: new access token%s", row["id"], rotated)
+
+    def _fresh(self, expires_at: datetime | None) -> bool:
+        return expires_at is None or expires_at - self._skew > _now()
+
+    def _decrypt(self, row: Row) -> Secret:
+        env = crypto.Envelope(
+            row["key_id"], bytes(row["wrapped_key"]), bytes(row["nonce"]), bytes(row["ciphertext"])
+        )
+        return decode_secret(row["kind"], crypto.unseal(self._keyring, _ident(row), env))
+
+    async def _touch(self, conn: AsyncConnection[Any], credential_id: UUID) -> None:
+        """last_used_at, written at most once per interval per credential."""
+        now = time.monotonic()
+        last = self._touched.get(credential_id)
+        if last is not None and now - last < self._touch_interval:
+            return
+        self._touched[credential_id] = now
+        try:
+            async with conn.transaction():
+                await conn.execute(_TOUCH, (credential_id, self._touch_interval))
+        except psycopg.Error as exc:  # bookkeeping only: never fail a call over it
+            log.warning(
+                "credential %s: last_used_at not recorded (%s)", credential_id, exc.sqlstate
+            )
+
+
+async def _read(conn: AsyncConnection[Any], credential_id: UUID, lock: bool = False) -> Row:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(_SELECT + (" FOR UPDATE" if lock else ""), (credential_id,))
+        row = await cur.fetchone()
+    if row is None:
+        raise CredentialMissing(f"credential {credential_id} does not exist")
+    return row
+
+
+async def _read_and_end(conn: AsyncConnection[Any], credential_id: UUID) -> Row:
+    """Read outside any open transaction, so that a later transaction block is a real one."""
+    if conn.autocommit:
+        return await _read(conn, credential_id)  # one statement, one round trip
+    async with conn.transaction():
+        return await _read(conn, credential_id)
+
+
+async def _set_status(conn: AsyncConnection[Any], credential_id: UUID, status: str) -> None:
+    await conn.execute(
+        "UPDATE agents.credentials SET status = %s WHERE id = %s", (status, credential_id)
+    )
+
+
+def _check_host(row: Row, host: str, port: int | None) -> None:
+    allowed = row["allowed_hosts"] or []
+    if host_allowed(allowed, host, port):
+        return
+    target = host if port is None else f"{host}:{port}"
+    hosts = ", ".join(allowed) if allowed else "none yet (bind it to a tool or set its hosts)"
+    raise CredentialHostMismatch(
+        f"credential {row['name']!r} ({row['id']}) may not be sent to {target}; "
+        f"allowed hosts: {hosts}"
+    )
+
+
+def _check_status(row: Row) -> None:
+    if row["status"] != "active":
+        raise CredentialNeedsReauth(
+            f"credential {row['name']!r} ({row['id']}) is {row['status']}; rotate it with a "
+            f"new secret (toolrelay credential rotate {row['id']})"
+        )
+
+
+def _expect(secret: Secret, kind: type[_S]) -> _S:
+    if not isinstance(secret, kind):
+        raise CredentialError("stored secret does not match the credential's kind")
+    return secret
+
+
+def _ident(row: Row) -> crypto.CredentialIdentity:
+    return crypto.CredentialIdentity(row["id"], row["owner"], row["kind"])
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,131 @@
+"""One OAuth token request (RFC 6749 §5): form POST, JSON answer, retries for transient failures.
+
+Only the endpoint's host and the OAuth ``error`` code ever reach messages or logs: token
+responses and request bodies carry secrets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from toolrelay.dispatch.egress import unwrap_egress_error
+from toolrelay.errors import CredentialError
+
+__all__ = ["TokenRejected", "TokenResponse", "request_token"]
+
+log = logging.getLogger(__name__)
+
+MAX_RESPONSE_BYTES = 64 * 1024
+_ERROR_CODE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class TokenResponse:
+    access_token: str = field(repr=False)
+    expires_in: float | None
+    refresh_token: str | None = field(repr=False)
+
+
+class TokenRejected(CredentialError):
+    """The endpoint answered with an OAuth error (4xx); retrying will not help."""
+
+    def __init__(self, message: str, oauth_error: str | None) -> None:
+        super().__init__(message)
+        self.oauth_error = oauth_error
+
+
+class _Transient(Exception):
+    """A failure worth retrying: network error, timeout, 5xx, 429."""
+
+
+async def request_token(
+    http: aiohttp.ClientSession,
+    url: str,
+    form: Mapping[str, str],
+    *,
+    retry_delays: Sequence[float] = (0.2, 0.6),
+    timeout: float = 10.0,
+) -> TokenResponse:
+    """POST ``form`` to the token endpoint; retry transient failures after each delay."""
+    where = urlsplit(url).hostname or "?"
+    last = "no attempt"
+    for attempt, delay in enumerate([*retry_delays, None], start=1):
+        try:
+            return await _once(http, url, form, where, timeout)
+        except _Transient as exc:
+            last = str(exc)
+        if delay is None:
+            break
+        log.warning("token endpoint %s: %s; retry %d in %.1fs", where, last, attempt, delay)
+        await asyncio.sleep(delay)
+    raise CredentialError(
+        f"token endpoint {where} failed after {len(retry_delays) + 1} attempts: {last}"
+    )
+
+
+async def _once(
+    http: aiohttp.ClientSession, url: str, form: Mapping[str, str], where: str, timeout: float
+) -> TokenResponse:
+    try:
+        async with http.post(
+            url,
+            data=dict(form),
+            headers={"Accept": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            allow_redirects=False,
+        ) as resp:
+            body = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+            status = resp.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        blocked = unwrap_egress_error(exc)
+        if blocked is not None:
+            raise blocked from None
+        raise _Transient(f"network error ({type(exc).__name__})") from None
+    if status >= 500 or status == 429:
+        raise _Transient(f"HTTP {status}")
+    if len(body) > MAX_RESPONSE_BYTES:
+        raise CredentialError(f"token endpoint {where}: response larger than 64 KiB")
+    data = _json(body)
+    if status != 200:
+        code = _oauth_error(data)
+        shown = f" ({code})" if code else ""
+        raise TokenRejected(f"token endpoint {where} refused: HTTP {status}{shown}", code)
+    return _token_response(data, where)
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def _oauth_error(data: Any) -> str | None:
+    code = data.get("error") if isinstance(data, dict) else None
+    return code if isinstance(code, str) and _ERROR_CODE.match(code) else None
+
+
+def _token_response(data: Any, where: str) -> TokenResponse:
+    if not isinstance(data, dict):
+        raise CredentialError(f"token endpoint {where}: the answer is not a JSON object")
+    access = data.get("access_token")
+    if not isinstance(access, str) or not access:
+        raise CredentialError(f"token endpoint {where}: the answer has no access_token")
+    expires_in = data.get("expires_in")
+    if isinstance(expires_in, str) and expires_in.isdigit():
+        expires_in = int(expires_in)  # some servers send a string
+    if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
+        expires_in = None
+    refresh = data.get("refresh_token")
+    return TokenResponse(
+        access, expires_in, refresh if isinstance(refresh, str) and refresh else None
+    )

@@ -1,0 +1,255 @@
+"""OAuth credentials against a real token endpoint on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import aiohttp
+import pytest
+
+from tests.credentials.conftest import dispatcher_pool
+from tests.credentials.helpers import oauth_secret
+from tests.credentials.token_server import TokenServer
+from toolrelay.credentials import CredentialResolver, CredentialStore, Keyring
+from toolrelay.db import Database
+from toolrelay.errors import CredentialError, CredentialNeedsReauth
+
+HOST = "api.example.com"
+EXPIRED = time.time() - 600
+
+
+def add_oauth(
+    store: CredentialStore,
+    owner: UUID,
+    server: TokenServer,
+    *,
+    expires_at: float = EXPIRED,
+    access_token: str | None = None,
+) -> tuple[UUID, str]:
+    refresh = server.new_refresh_token()
+    secret = oauth_secret(
+        server.url, server.client_id, server.client_secret, refresh,
+        expires_at=expires_at, access_token=access_token,
+    )  # fmt: skip
+    return store.add(owner, "oauth", f"oauth-{refresh[-8:]}", json.dumps(secret), [HOST]), refresh
+
+
+def status_and_expiry(database: Database, cid: UUID) -> tuple[str, datetime | None]:
+    with database.as_dispatcher() as conn:
+        row = conn.execute(
+            "SELECT status, expires_at FROM agents.credentials WHERE id = %s", (cid,)
+        ).fetchone()
+    assert row is not None
+    return row["status"], row["expires_at"]
+
+
+def expire(database: Database, cid: UUID) -> None:
+    with database.as_dispatcher() as conn:
+        conn.execute(
+            "UPDATE agents.credentials SET expires_at = now() - interval '1 minute' WHERE id = %s",
+            (cid,),
+        )
+
+
+async def test_fresh_token_used_without_refresh(
+    store: CredentialStore,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    cid, _ = add_oauth(store, owner_a, token_server, expires_at=time.time() + 3600,
+                       access_token="current-access")  # fmt: skip
+    assert await resolver.resolve(cid, HOST, 443, http) == "current-access"
+    assert token_server.requests == []
+
+
+async def test_refresh_within_skew(
+    store: CredentialStore,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    cid, _ = add_oauth(store, owner_a, token_server, expires_at=time.time() + 30)
+    token = await resolver.resolve(cid, HOST, 443, http)
+    assert token == token_server.issued[-1]
+
+
+async def test_refresh_on_expiry_and_rotation_persisted(
+    store: CredentialStore,
+    database: Database,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    token_server.rotate_refresh_tokens = True
+    cid, first_refresh = add_oauth(store, owner_a, token_server)
+
+    token1 = await resolver.resolve(cid, HOST, 443, http)
+    assert token1 == token_server.issued[-1]
+    [grant] = token_server.requests
+    assert grant == {
+        "grant_type": "refresh_token",
+        "refresh_token": first_refresh,
+        "client_id": token_server.client_id,
+        "client_secret": token_server.client_secret,
+        "scope": "posts.write posts.read",
+    }
+    status, expires_at = status_and_expiry(database, cid)
+    assert status == "active" and expires_at is not None
+    assert abs(expires_at - (datetime.now(UTC) + timedelta(seconds=3600))) < timedelta(seconds=30)
+    assert await resolver.resolve(cid, HOST, 443, http) == token1  # persisted: no new request
+    assert len(token_server.requests) == 1
+
+    # Next refresh must use the rotated refresh token (the old one is now invalid_grant).
+    expire(database, cid)
+    token2 = await resolver.resolve(cid, HOST, 443, http)
+    assert token2 != token1
+    second = token_server.requests[1]["refresh_token"]
+    assert second != first_refresh and second not in token_server.refresh_tokens
+    assert status_and_expiry(database, cid)[0] == "active"
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+async def test_concurrent_resolutions_refresh_once(
+    autocommit: bool,
+    store: CredentialStore,
+    cred_db: str,
+    keyring: Keyring,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    token_server.delay = 0.3  # both resolvers see the expired token before either finishes
+    cid, _ = add_oauth(store, owner_a, token_server)
+    # Two pools and two resolvers: as two worker processes would be.
+    async with (
+        dispatcher_pool(cred_db, autocommit) as pool1,
+        dispatcher_pool(cred_db, autocommit) as pool2,
+    ):
+        r1, r2 = CredentialResolver(pool1, keyring), CredentialResolver(pool2, keyring)
+        tokens = await asyncio.gather(
+            r1.resolve(cid, HOST, 443, http),
+            r2.resolve(cid, HOST, 443, http),
+            r1.resolve(cid, HOST, 443, http),
+        )
+    assert len(token_server.requests) == 1
+    assert set(tokens) == {token_server.issued[0]}
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+async def test_invalid_grant_marks_needs_reauth(
+    store: CredentialStore,
+    database: Database,
+    cred_db: str,
+    keyring: Keyring,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+    autocommit: bool,
+) -> None:
+    async with dispatcher_pool(cred_db, autocommit=autocommit) as pool:
+        await _invalid_grant_marks_needs_reauth(
+            store, database, CredentialResolver(pool, keyring), token_server, owner_a, http
+        )
+
+
+async def _invalid_grant_marks_needs_reauth(
+    store: CredentialStore,
+    database: Database,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    cid, refresh = add_oauth(store, owner_a, token_server)
+    token_server.refresh_tokens.discard(refresh)  # revoked at the provider
+    with pytest.raises(CredentialNeedsReauth, match="invalid_grant") as info:
+        await resolver.resolve(cid, HOST, 443, http)
+    assert refresh not in info.value.message
+    assert status_and_expiry(database, cid)[0] == "needs_reauth"  # committed
+    with pytest.raises(CredentialNeedsReauth, match="needs_reauth"):
+        await resolver.resolve(cid, HOST, 443, http)
+    assert len(token_server.requests) == 1  # not retried: a human has to act
+
+    # Re-authorizing (rotate with new tokens) makes it usable again, same id.
+    new = oauth_secret(token_server.url, token_server.client_id, token_server.client_secret,
+                       token_server.new_refresh_token(), expires_at=EXPIRED)  # fmt: skip
+    store.rotate(owner_a, cid, json.dumps(new))
+    assert await resolver.resolve(cid, HOST, 443, http) == token_server.issued[-1]
+
+
+async def test_expired_without_refresh_token_needs_reauth(
+    store: CredentialStore,
+    database: Database,
+    resolver: CredentialResolver,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    secret = {"access_token": "old", "expires_at": EXPIRED, "client_id": "c"}
+    cid = store.add(owner_a, "oauth", "no-refresh", json.dumps(secret), [HOST])
+    with pytest.raises(CredentialNeedsReauth, match="no refresh token"):
+        await resolver.resolve(cid, HOST, 443, http)
+    assert status_and_expiry(database, cid)[0] == "needs_reauth"
+
+
+async def test_5xx_then_200_is_retried(
+    store: CredentialStore,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    cid, _ = add_oauth(store, owner_a, token_server)
+    token_server.queued = [(503, {"error": "temporarily_unavailable"}), (502, {})]
+    assert await resolver.resolve(cid, HOST, 443, http) == token_server.issued[-1]
+    assert len(token_server.requests) == 3
+
+
+async def test_persistent_5xx_is_a_credential_error(
+    store: CredentialStore,
+    database: Database,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    cid, refresh = add_oauth(store, owner_a, token_server)
+    token_server.queued = [(500, {})] * 3
+    with pytest.raises(CredentialError, match="failed after 3 attempts: HTTP 500") as info:
+        await resolver.resolve(cid, HOST, 443, http)
+    assert not isinstance(info.value, CredentialNeedsReauth)
+    assert status_and_expiry(database, cid)[0] == "active"  # transient: nothing changed
+    assert await resolver.resolve(cid, HOST, 443, http) == token_server.issued[-1]
+    assert token_server.requests[-1]["refresh_token"] == refresh
+
+
+async def test_network_error_retried_then_reported(
+    store: CredentialStore, resolver: CredentialResolver, owner_a: UUID, http: Any
+) -> None:
+    secret = oauth_secret("http://127.0.0.1:9/token", "c", "s", "r", expires_at=EXPIRED)
+    cid = store.add(owner_a, "oauth", "unreachable", json.dumps(secret), [HOST])
+    with pytest.raises(CredentialError, match="127.0.0.1 failed after 3 attempts: network"):
+        await resolver.resolve(cid, HOST, 443, http)
+
+
+async def test_other_oauth_errors_do_not_disable(
+    store: CredentialStore,
+    database: Database,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    cid, _ = add_oauth(store, owner_a, token_server)
+    token_server.client_secret = "changed-at-provider"
+    with pytest.raises(CredentialError, match=r"refused: HTTP 401 \(invalid_client\)"):
+        await resolver.resolve(cid, HOST, 443, http)
+    assert status_and_expiry(database, cid)[0] == "active"
