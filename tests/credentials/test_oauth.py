@@ -17,7 +17,8 @@ from tests.credentials.helpers import oauth_secret
 from tests.credentials.token_server import TokenServer
 from toolrelay.credentials import CredentialResolver, CredentialStore, Keyring
 from toolrelay.db import Database
-from toolrelay.errors import CredentialError, CredentialNeedsReauth
+from toolrelay.dispatch.egress import EgressPolicy, make_connector
+from toolrelay.errors import CredentialError, CredentialNeedsReauth, EgressBlocked
 
 HOST = "api.example.com"
 EXPIRED = time.time() - 600
@@ -253,3 +254,17 @@ async def test_other_oauth_errors_do_not_disable(
     with pytest.raises(CredentialError, match=r"refused: HTTP 401 \(invalid_client\)"):
         await resolver.resolve(cid, HOST, 443, http)
     assert status_and_expiry(database, cid)[0] == "active"
+
+
+async def test_egress_guard_refusal_is_not_retried(
+    store: CredentialStore,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+) -> None:
+    cid, _ = add_oauth(store, owner_a, token_server)
+    policy = EgressPolicy.from_env({})  # 127.0.0.1 is not public: blocked
+    async with aiohttp.ClientSession(connector=make_connector(policy)) as guarded:
+        with pytest.raises(EgressBlocked):
+            await resolver.resolve(cid, HOST, 443, guarded)
+    assert token_server.requests == []

@@ -60,7 +60,8 @@ class RateLimiter:
             allowed=window.hits <= self.limit,
             limit=self.limit,
             remaining=max(self.limit - window.hits, 0),
-            reset_seconds=max(math.ceil(left), 1),
+            # float rounding can push ceil() one past the window length
+            reset_seconds=min(max(math.ceil(left), 1), max(math.ceil(self.window_seconds), 1)),
         )
 
     def reset(self, key: str | None = None) -> None:
