@@ -45,5 +45,5 @@ def owner_id() -> uuid.UUID:
 
 def fail(exc: ToolrelayError) -> typer.Exit:
     """Print one clear line and return the exit to raise."""
-    err_console.print(f"error: {exc.message}", markup=False, highlight=False)
+    err_console.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(code=1)
