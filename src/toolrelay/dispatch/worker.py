@@ -188,8 +188,17 @@ class Worker:
     async def _handle(self, row: Row) -> None:
         attempt = Attempt()
         limit = self._tool_limit(row)
-        async with limit if limit is not None else contextlib.nullcontext():
-            outcome, _ = await self._decide(row, attempt)
+        try:
+            async with limit if limit is not None else contextlib.nullcontext():
+                outcome, _ = await self._decide(row, attempt)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            # The database went away mid-way: the lease expires and the row is recovered.
+            log.warning(
+                "database unavailable during dispatch; leaving the lease to expire",
+                extra={"action": "dispatch_db_error", "invocation_id": str(row["id"]),
+                       "error": str(exc)[:200]},
+            )  # fmt: skip
+            return
         if outcome.status == "lost":
             self.metrics.lost_leases += 1
             return
