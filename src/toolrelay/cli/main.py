@@ -8,6 +8,7 @@ from toolrelay.cli import agents
 from toolrelay.cli.agents import agent_app, invocations_app
 from toolrelay.cli.context import console, fail
 from toolrelay.cli.demo import demo
+from toolrelay.cli.prune import prune
 from toolrelay.cli.tools import tool_app
 from toolrelay.cli.worker import worker
 from toolrelay.db import Database, migrate
@@ -25,6 +26,7 @@ for command in (agents.assign, agents.revoke, agents.invoke, agents.approve, age
     app.command()(command)
 app.command()(worker)
 app.command()(demo)
+app.command()(prune)
 
 
 @app.command("migrate")

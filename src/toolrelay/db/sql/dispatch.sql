@@ -100,3 +100,14 @@ SELECT EXISTS (SELECT 1 FROM agents.tool_invocations WHERE status = 'running') A
 
 -- name: expire_approvals
 SELECT fn_expire_tool_invocations() AS expired;
+
+-- name: prune
+-- Retention: delete one batch of finished invocations (and, by cascade, their attempts)
+-- that finished before now() - %(older_than)s. Runnable rows are never touched.
+WITH doomed AS (
+    SELECT id FROM agents.tool_invocations
+     WHERE status IN ('completed', 'failed', 'rejected', 'expired')
+       AND coalesce(finished_at, updated_at) < now() - %(older_than)s::interval
+     LIMIT %(batch)s
+)
+DELETE FROM agents.tool_invocations i USING doomed WHERE i.id = doomed.id
