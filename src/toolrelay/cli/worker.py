@@ -19,6 +19,19 @@ def worker(
     drain: bool = typer.Option(False, help="Run until nothing is runnable or leased, then exit."),
     metrics_port: int | None = typer.Option(None, help="Serve Prometheus metrics on 127.0.0.1."),
     log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR."),
+    pooler: bool = typer.Option(
+        False,
+        envvar="TOOLRELAY_POOLER_TRANSACTION",
+        help="DATABASE_URL goes through PgBouncer in transaction mode.",
+    ),
+    listen_url: str | None = typer.Option(
+        None,
+        envvar="TOOLRELAY_LISTEN_URL",
+        help="A direct connection for LISTEN/NOTIFY when DATABASE_URL is pooled.",
+    ),
+    poll_interval: float = typer.Option(
+        1.0, min=0.01, help="Seconds between polls when no notification arrives."
+    ),
 ) -> None:
     """Run the dispatcher: claim runnable invocations, send them, record the outcome."""
     logs.configure(log_level)
@@ -37,6 +50,9 @@ def worker(
             lease_seconds=lease_seconds,
             drain=drain,
             metrics_port=metrics_port,
+            pooler=pooler,
+            listen_url=listen_url,
+            poll_interval=poll_interval,
         )
         asyncio.run(run_worker(db.url, settings, keyring))
     except ToolrelayError as exc:

@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from toolrelay.db.queries import load
+from toolrelay.errors import ConfigurationError
 
 Row = dict[str, Any]
 POOL_MIN = 2
@@ -24,13 +25,36 @@ async def _as_dispatcher(conn: AsyncConnection[Any]) -> None:
     await conn.commit()
 
 
-def open_pool(url: str, max_size: int = POOL_MAX) -> AsyncConnectionPool[AsyncConnection[Row]]:
+async def _check_pooler_role(conn: AsyncConnection[Any]) -> None:
+    # Behind a transaction pooler no session state survives, so SET ROLE cannot be used:
+    # the login role itself must be able to act as the dispatcher.
+    cur = await conn.execute(
+        "SELECT rolsuper OR (rolbypassrls AND pg_has_role(current_user, 'service_role', 'USAGE'))"
+        " FROM pg_roles WHERE rolname = current_user"
+    )
+    row = await cur.fetchone()
+    if not row or not next(iter(row.values())):
+        raise ConfigurationError(
+            "behind a transaction pooler the worker's database user must be a superuser, or"
+            " have BYPASSRLS and be a member of service_role"
+            " (CREATE ROLE toolrelay_worker LOGIN BYPASSRLS IN ROLE service_role)"
+        )
+
+
+def open_pool(
+    url: str, max_size: int = POOL_MAX, pooler: bool = False
+) -> AsyncConnectionPool[AsyncConnection[Row]]:
+    """Connections acting as the dispatcher. ``pooler``: safe behind PgBouncer's
+    transaction mode (no session state, no server-side prepared statements)."""
+    kwargs: dict[str, Any] = {"row_factory": dict_row, "autocommit": True}
+    if pooler:
+        kwargs["prepare_threshold"] = None
     return AsyncConnectionPool(
         url,
         min_size=min(POOL_MIN, max_size),
         max_size=max_size,
-        kwargs={"row_factory": dict_row, "autocommit": True},
-        configure=_as_dispatcher,
+        kwargs=kwargs,
+        configure=_check_pooler_role if pooler else _as_dispatcher,
         open=False,
         check=AsyncConnectionPool.check_connection,
     )

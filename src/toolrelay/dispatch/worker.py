@@ -50,6 +50,11 @@ class WorkerSettings:
     drain: bool = False
     metrics_port: int | None = None
     worker_id: str = ""
+    # Behind PgBouncer in transaction mode: no session state, no prepared statements.
+    pooler: bool = False
+    # A direct (not pooled) connection for LISTEN; without one behind a pooler, poll only.
+    listen_url: str | None = None
+    poll_interval: float = POLL_INTERVAL
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -81,7 +86,7 @@ class Worker:
         self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
 
     async def run(self) -> None:
-        pool = open_pool(self.url)
+        pool = open_pool(self.url, pooler=self.settings.pooler)
         await pool.open(wait=True)
         self.store = DispatchStore(pool, self.settings.worker_id)
         self.sent: Batcher[Row, bool] = Batcher(self._flush_sent)
@@ -156,7 +161,7 @@ class Worker:
                 )
             )
         _, pending = await asyncio.wait(
-            waiters, timeout=POLL_INTERVAL, return_when=asyncio.FIRST_COMPLETED
+            waiters, timeout=self.settings.poll_interval, return_when=asyncio.FIRST_COMPLETED
         )
         for fut in pending:
             fut.cancel()
@@ -296,9 +301,12 @@ class Worker:
 
     async def _listen(self) -> None:
         """Wake the loop on NOTIFY; reconnect when the database goes away."""
+        url = self.settings.listen_url or (None if self.settings.pooler else self.url)
+        if url is None:
+            return  # LISTEN does not work through a transaction pooler: poll only
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self.wakeup.set()  # anything that arrived while we were not listening
                     async for _ in conn.notifies():
