@@ -16,7 +16,6 @@ from uuid import UUID
 
 import aiohttp
 from jsonschema.exceptions import best_match
-from jsonschema.validators import validator_for
 from yarl import URL
 
 from toolrelay.dispatch import policy as retry
@@ -25,7 +24,7 @@ from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
 from toolrelay.dispatch.outcome import Outcome, scrub, trim
 from toolrelay.dispatch.template import render_request
 from toolrelay.errors import CredentialMissing, InvocationError, ToolrelayError
-from toolrelay.registry.validation import validate_input
+from toolrelay.registry.validation import validate_input, validator
 
 INVOCATION_HEADER = "X-Toolrelay-Invocation"
 Resolve = Callable[[UUID, str, int | None], Awaitable[str]]
@@ -267,7 +266,7 @@ def select(body: Any, pointer: str | None) -> tuple[Any, str | None]:
 def schema_mismatch(schema: Mapping[str, Any], output: Any) -> str | None:
     if not schema:
         return None
-    error = best_match(validator_for(schema)(schema).iter_errors(output))
+    error = best_match(validator(schema).iter_errors(output))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 import jsonschema
@@ -25,10 +27,23 @@ def check_json_schema(where: str, schema: Mapping[str, Any]) -> None:
         ) from None
 
 
+VALIDATOR_CACHE_SIZE = 1024  # distinct schemas kept compiled per process
+
+
+@lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
+def _validator(schema_json: str) -> Any:
+    schema = json.loads(schema_json)
+    return validator_for(schema)(schema)
+
+
+def validator(schema: Mapping[str, Any]) -> Any:
+    """A compiled validator, reused for every value checked against the same schema."""
+    return _validator(json.dumps(schema, sort_keys=True))
+
+
 def validate_input(schema: Mapping[str, Any], value: Any) -> None:
     """Raise InvalidInput naming the first violation, with its location in the input."""
-    validator = validator_for(schema)(schema)
-    error = best_match(validator.iter_errors(value))
+    error = best_match(validator(schema).iter_errors(value))
     if error is not None:
         where = "input" + "".join(
             f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
