@@ -9,6 +9,7 @@ import typer
 from toolrelay import config, logs
 from toolrelay.cli.context import database, err_console, fail
 from toolrelay.credentials import Keyring, keyring_from_env
+from toolrelay.db import Database
 from toolrelay.dispatch.worker import WorkerSettings, run_worker
 from toolrelay.errors import ConfigurationError, ToolrelayError
 
@@ -36,7 +37,8 @@ def worker(
     """Run the dispatcher: claim runnable invocations, send them, record the outcome."""
     logs.configure(log_level)
     try:
-        db = database()
+        # Migrations take a session-level advisory lock: run them directly, not via a pooler.
+        db = Database() if pooler else database()
         try:
             keyring: Keyring | None = keyring_from_env(
                 embedded=config.database_url_from_env() is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -17,12 +18,36 @@ from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import Row
-from toolrelay.errors import InvalidArgument, NotFound, ToolrelayError
+from toolrelay.errors import InvalidArgument, NotAssigned, NotFound, ToolrelayError
 from toolrelay.registry.models import EXTRA_COLUMNS, UPDATABLE_COLUMNS, ToolSpec
 from toolrelay.registry.validation import check_tool, validate_input
 
 JSON_COLUMNS = frozenset({"schema_input", "schema_output", "request_template"})
 DEFAULT_LIST_LIMIT = 50
+
+_INVOCATIONS = (
+    "SELECT i.*, t.key AS tool_key, a.name AS agent_name"
+    " FROM agents.tool_invocations i"
+    " JOIN agents.tools_registry t ON t.id = i.tool_id"
+    " JOIN agents.agents a ON a.id = i.agent_id"
+)
+
+# Pending invocations with what a reviewer needs to see the exact request approval sends.
+_REVIEW_QUEUE = """
+SELECT i.id, i.input, i.created_at, i.approval_expires_at, i.agent_id, a.name AS agent_name,
+       i.tool_id, t.key AS tool_key, t.name AS tool_name, t.description AS tool_description,
+       t.endpoint_url, t.http_method, t.request_template, t.schema_input, t.auth_method,
+       t.auth_placement, t.auth_param_name, t.auth_param_prefix, t.credential_ref,
+       t.idempotency_header, t.egress_class, t.is_dangerous,
+       agents.tool_fingerprint(t) IS DISTINCT FROM i.config_fingerprint AS tool_changed
+  FROM agents.tool_invocations i
+  JOIN agents.tools_registry t ON t.id = i.tool_id
+  JOIN agents.agents a ON a.id = i.agent_id
+ WHERE i.status = 'pending'
+   AND (i.approval_expires_at IS NULL OR i.approval_expires_at > now())
+ ORDER BY i.created_at, i.id
+ LIMIT %s
+"""
 
 _REGISTER_SQL = """
 SELECT (fn_register_tool(
@@ -43,16 +68,22 @@ def _adapt(column: str, value: Any) -> Any:
 
 
 class Registry:
-    """Tools, agents, assignments and invocations of one owner."""
+    """Tools, agents, assignments and invocations of one owner.
 
-    def __init__(self, db: Database, owner: UUID | str) -> None:
+    With ``agent_id`` every transaction carries that agent identity in its claims (the SQL
+    functions then refuse owner-only actions such as approving), and ``invoke`` finds only
+    tools assigned to that agent.
+    """
+
+    def __init__(self, db: Database, owner: UUID | str, agent_id: UUID | str | None = None) -> None:
         self.db = db
         self.owner = UUID(str(owner))
+        self.agent_id = UUID(str(agent_id)) if agent_id is not None else None
 
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[Row]]:
         try:
-            with self.db.as_owner(self.owner) as conn:
+            with self.db.as_owner(self.owner, agent_id=self.agent_id) as conn:
                 yield conn
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
@@ -165,6 +196,32 @@ class Registry:
             assert row is not None
             return bool(row["revoked"])
 
+    def agent_tools(self, agent: str) -> list[Row]:
+        """The tools ``agent`` may call now: assigned, allowed and active."""
+        with self._tx() as conn:
+            agent_id = self._find_agent(conn, agent)["id"]
+            return conn.execute(
+                "SELECT t.* FROM agents.tool_assignments s"
+                " JOIN agents.tools_registry t ON t.id = s.tool_id"
+                " WHERE s.agent_id = %s AND s.allowed AND t.status = 'active' ORDER BY t.key",
+                (agent_id,),
+            ).fetchall()
+
+    def _find_assigned_tool(
+        self, conn: psycopg.Connection[Row], agent_id: UUID, key_or_id: str
+    ) -> Row:
+        """The tool if assigned to the agent (allowed or not); whether it exists stays hidden."""
+        ident = _as_uuid(key_or_id)
+        row = conn.execute(
+            "SELECT t.* FROM agents.tools_registry t"
+            " JOIN agents.tool_assignments s ON s.tool_id = t.id AND s.agent_id = %(agent)s"
+            " WHERE (t.id = %(id)s OR (%(id)s::uuid IS NULL AND t.key = %(key)s))",
+            {"agent": agent_id, "id": ident, "key": key_or_id},
+        ).fetchone()
+        if row is None:
+            raise NotAssigned(f"tool {key_or_id} is not assigned to this agent")
+        return row
+
     def list_assignments(self) -> list[Row]:
         with self._tx() as conn:
             return conn.execute(
@@ -186,7 +243,10 @@ class Registry:
         payload = dict(input or {})
         with self._tx() as conn:
             agent_id = self._find_agent(conn, agent)["id"]
-            tool_row = self._find_tool(conn, tool)
+            if self.agent_id is None:
+                tool_row = self._find_tool(conn, tool)
+            else:
+                tool_row = self._find_assigned_tool(conn, agent_id, tool)
             validate_input(tool_row["schema_input"], payload)
             row = conn.execute(
                 "SELECT fn_invoke_tool(%s, %s, %s, %s) AS id",
@@ -210,31 +270,61 @@ class Registry:
             return int(row["n"])
 
     def list_invocations(
-        self, status: str | None = None, limit: int = DEFAULT_LIST_LIMIT
+        self,
+        status: str | None = None,
+        limit: int = DEFAULT_LIST_LIMIT,
+        *,
+        tool: str | None = None,
+        agent: str | None = None,
+        before: tuple[datetime, UUID] | None = None,
     ) -> list[Row]:
+        """Newest first. ``tool`` is a key or id, ``agent`` a name or id; ``before`` is the
+        (created_at, id) of the last row of the previous page (keyset pagination)."""
+        tool_id, agent_id = _as_uuid(tool or ""), _as_uuid(agent or "")
+        params = {
+            "status": status,
+            "limit": limit,
+            "tool_id": tool_id,
+            "tool_key": tool if tool is not None and tool_id is None else None,
+            "agent_id": agent_id,
+            "agent_name": agent if agent is not None and agent_id is None else None,
+            "before_at": before[0] if before else None,
+            "before_id": before[1] if before else None,
+        }
         with self._tx() as conn:
             return conn.execute(
-                "SELECT i.*, t.key AS tool_key, a.name AS agent_name"
-                " FROM agents.tool_invocations i"
-                " JOIN agents.tools_registry t ON t.id = i.tool_id"
-                " JOIN agents.agents a ON a.id = i.agent_id"
-                " WHERE (%(status)s::text IS NULL OR i.status = %(status)s)"
+                _INVOCATIONS + " WHERE (%(status)s::text IS NULL OR i.status = %(status)s)"
+                " AND (%(tool_id)s::uuid IS NULL OR i.tool_id = %(tool_id)s)"
+                " AND (%(tool_key)s::text IS NULL OR t.key = %(tool_key)s)"
+                " AND (%(agent_id)s::uuid IS NULL OR i.agent_id = %(agent_id)s)"
+                " AND (%(agent_name)s::text IS NULL OR a.name = %(agent_name)s)"
+                " AND (%(before_at)s::timestamptz IS NULL"
+                "      OR (i.created_at, i.id) < (%(before_at)s, %(before_id)s::uuid))"
                 " ORDER BY i.created_at DESC, i.id DESC LIMIT %(limit)s",
-                {"status": status, "limit": limit},
+                params,
             ).fetchall()
 
-    def get_invocation(self, invocation_id: UUID | str) -> Row:
-        """One invocation with its attempt history under ``attempts``."""
+    def review_queue(self, limit: int = DEFAULT_LIST_LIMIT) -> list[Row]:
+        """Pending invocations still open for a decision, oldest first, each with its tool's
+        dispatch settings and ``tool_changed`` (the tool changed since the call was made)."""
+        with self._tx() as conn:
+            return conn.execute(_REVIEW_QUEUE, (limit,)).fetchall()
+
+    def get_invocation(self, invocation_id: UUID | str, *, agent: str | None = None) -> Row:
+        """One invocation with its attempt history under ``attempts``.
+
+        With ``agent`` (a name or id) only that agent's invocations are found.
+        """
         ident = _as_uuid(str(invocation_id))
         if ident is None:
             raise InvalidArgument(f"not an invocation id: {invocation_id!r}")
+        agent_id = _as_uuid(agent or "")
         with self._tx() as conn:
             row = conn.execute(
-                "SELECT i.*, t.key AS tool_key, a.name AS agent_name"
-                " FROM agents.tool_invocations i"
-                " JOIN agents.tools_registry t ON t.id = i.tool_id"
-                " JOIN agents.agents a ON a.id = i.agent_id WHERE i.id = %s",
-                (ident,),
+                _INVOCATIONS + " WHERE i.id = %(id)s"
+                " AND (%(agent)s::text IS NULL OR i.agent_id = %(agent_id)s"
+                "      OR (%(agent_id)s::uuid IS NULL AND a.name = %(agent)s))",
+                {"id": ident, "agent": agent, "agent_id": agent_id},
             ).fetchone()
             if row is None:
                 raise NotFound(f"invocation {invocation_id} not found")
