@@ -1,6 +1,7 @@
 """The dispatcher's side: the value to place in a request, for one credential and one host.
 
-Each call reads the row (status and host binding must be current) and decrypts. Measured
+Each call reads the row (status and host binding must be current; the dispatcher reads it
+in the same statement that claims the invocation) and decrypts. Measured
 locally: unwrap + decrypt about 2-6 µs, a whole api_key resolve (pool checkout, one SELECT)
 about 140 µs, so caching plaintext would save almost nothing and is not done.
 Service-account access tokens are cached per process (the token request is the expensive
@@ -88,20 +89,28 @@ class CredentialResolver:
         )
 
     async def resolve(
-        self, credential_id: UUID, host: str, port: int | None, http: aiohttp.ClientSession
+        self,
+        credential_id: UUID,
+        host: str,
+        port: int | None,
+        http: aiohttp.ClientSession,
+        row: Row | None = None,
     ) -> str:
         """The secret value for a request to ``host``:``port`` (pass the effective port).
 
+        ``row``: the credential's row (the columns of ``_SELECT``) when the caller already
+        read it in the same statement that claimed the invocation; saves a round trip.
         Raises CredentialMissing, CredentialHostMismatch, CredentialNeedsReauth or
         CredentialError (undecryptable, unknown master key, token endpoint failure).
         """
-        async with self._pool.connection() as conn:
-            row = await _read_and_end(conn, credential_id)
-            _check_host(row, host, port)
-            _check_status(row)
-            await self._touch(conn, credential_id)
-            if row["kind"] == "oauth":
-                return await self._oauth_token(conn, row, http)
+        if row is None:
+            async with self._pool.connection() as conn:
+                row = await _read_and_end(conn, credential_id)
+        _check_host(row, host, port)
+        _check_status(row)
+        await self._touch(credential_id)
+        if row["kind"] == "oauth":
+            return await self._oauth_token(row, http)
         # No connection held while a service account waits for its token endpoint.
         if row["kind"] == "service_account":
             return await self._sa_tokens.token(
@@ -112,13 +121,12 @@ class CredentialResolver:
             )
         return _expect(self._decrypt(row), ApiKeySecret).value
 
-    async def _oauth_token(
-        self, conn: AsyncConnection[Any], row: Row, http: aiohttp.ClientSession
-    ) -> str:
+    async def _oauth_token(self, row: Row, http: aiohttp.ClientSession) -> str:
         secret = _expect(self._decrypt(row), OAuthSecret)
         if secret.access_token is not None and self._fresh(row["expires_at"]):
             return secret.access_token
-        return await self._refresh(conn, row["id"], http)
+        async with self._pool.connection() as conn:
+            return await self._refresh(conn, row["id"], http)
 
     async def _refresh(
         self, conn: AsyncConnection[Any], credential_id: UUID, http: aiohttp.ClientSession
@@ -175,7 +183,7 @@ class CredentialResolver:
         )
         return decode_secret(row["kind"], crypto.unseal(self._keyring, _ident(row), env))
 
-    async def _touch(self, conn: AsyncConnection[Any], credential_id: UUID) -> None:
+    async def _touch(self, credential_id: UUID) -> None:
         """last_used_at, written at most once per interval per credential."""
         now = time.monotonic()
         last = self._touched.get(credential_id)
@@ -183,7 +191,7 @@ class CredentialResolver:
             return
         self._touched[credential_id] = now
         try:
-            async with conn.transaction():
+            async with self._pool.connection() as conn, conn.transaction():
                 await conn.execute(_TOUCH, (credential_id, self._touch_interval))
         except psycopg.Error as exc:  # bookkeeping only: never fail a call over it
             log.warning(

@@ -27,7 +27,8 @@ from toolrelay.errors import CredentialMissing, InvocationError, ToolrelayError
 from toolrelay.registry.validation import validate_input, validator
 
 INVOCATION_HEADER = "X-Toolrelay-Invocation"
-Resolve = Callable[[UUID, str, int | None], Awaitable[str]]
+Resolve = Callable[[UUID, str, int | None, "Mapping[str, Any] | None"], Awaitable[str]]
+CRED_PREFIX = "cred_"  # claim columns carrying the credential row
 
 
 @dataclass
@@ -123,7 +124,9 @@ class Executor:
                 " credential_ref; add one with `toolrelay credential add` and set it"
             )
         url = URL(spec.url, encoded=True)
-        value = await self.resolve_credential(row["credential_ref"], url.host or "", url.port)
+        value = await self.resolve_credential(
+            row["credential_ref"], url.host or "", url.port, credential_row(row)
+        )
         placed = f"{row['auth_param_prefix']}{value}"
         secrets.extend([value, placed])
         name = row["auth_param_name"]
@@ -133,6 +136,13 @@ class Executor:
         else:
             spec.headers[name] = placed
             spec.secret_headers = frozenset({name.lower()})
+
+
+def credential_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The credential columns the claim returned, under their own names."""
+    if row.get(f"{CRED_PREFIX}id") is None:
+        return None
+    return {k.removeprefix(CRED_PREFIX): v for k, v in row.items() if k.startswith(CRED_PREFIX)}
 
 
 def with_defaults(schema: Mapping[str, Any], value: Mapping[str, Any]) -> dict[str, Any]:

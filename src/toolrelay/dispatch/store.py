@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -65,6 +66,9 @@ class DispatchStore:
         self.pool = pool
         self.worker = worker
         self.q = load("dispatch")
+        # Exists only to prove the chaos check can fail (docs/reliability.md); never set it.
+        unfenced = os.environ.get("TOOLRELAY_TEST_UNSAFE_NO_FENCING") == "1"
+        self.finish_query = self.q["finish_unfenced" if unfenced else "finish"]
 
     async def claim(self, limit: int, lease_seconds: float) -> list[Row]:
         async with self.pool.connection() as conn:
@@ -84,7 +88,7 @@ class DispatchStore:
     async def finish(self, results: Sequence[Row], attempts: Sequence[Row]) -> set[UUID]:
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                self.q["finish"],
+                self.finish_query,
                 {
                     "results": Jsonb(list(results)),
                     "attempts": Jsonb(list(attempts)),

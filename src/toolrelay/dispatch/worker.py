@@ -127,6 +127,8 @@ class Worker:
     async def _loop(self) -> None:
         last_expiry = 0.0
         while not self.stopping.is_set():
+            # Cleared before claiming, so a NOTIFY that lands during the claim is not lost.
+            self.wakeup.clear()
             if time.monotonic() - last_expiry > EXPIRE_INTERVAL:
                 last_expiry = time.monotonic()
                 await self._db_call(self.store.expire_approvals())
@@ -152,7 +154,6 @@ class Worker:
         return not await self._db_call(self.store.busy(), default=True)
 
     async def _wait(self) -> None:
-        self.wakeup.clear()
         waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self.wakeup.wait())]
         if self.inflight and len(self.inflight) >= self.settings.concurrency:
             waiters.append(
@@ -251,10 +252,14 @@ class Worker:
         """Durably mark a write as possibly sent; False when our lease is gone."""
         return await self.sent.submit(dict(row))
 
-    async def _resolve(self, credential_id: UUID, host: str, port: int | None) -> str:
+    async def _resolve(
+        self, credential_id: UUID, host: str, port: int | None, row: Mapping[str, Any] | None
+    ) -> str:
         if self.resolver is None:
             raise CredentialError("this worker has no master key, so it cannot use credentials")
-        return await self.resolver.resolve(credential_id, host, port, self.executor.session)
+        return await self.resolver.resolve(
+            credential_id, host, port, self.executor.session, dict(row) if row else None
+        )
 
     async def _record(self, row: Row, outcome: Outcome, attempt: Attempt) -> bool:
         result = {

@@ -26,11 +26,17 @@ SELECT c.id, c.owner, c.agent_id, c.tool_id, c.input, c.attempt, c.approval_stat
        t.auth_param_prefix, t.credential_ref, t.schema_input, t.schema_output,
        t.response_pointer, t.connect_timeout_seconds, t.timeout_seconds,
        t.max_response_bytes, t.max_attempts, t.max_concurrency, t.idempotency_header,
-       a.status AS agent_status, s.allowed AS assignment_allowed
+       a.status AS agent_status, s.allowed AS assignment_allowed,
+       -- the credential row, so that resolving it costs no extra round trip
+       k.id AS cred_id, k.owner AS cred_owner, k.name AS cred_name, k.kind AS cred_kind,
+       k.status AS cred_status, k.allowed_hosts AS cred_allowed_hosts,
+       k.key_id AS cred_key_id, k.wrapped_key AS cred_wrapped_key, k.nonce AS cred_nonce,
+       k.ciphertext AS cred_ciphertext, k.expires_at AS cred_expires_at
   FROM claimed c
   JOIN agents.tools_registry t ON t.id = c.tool_id
   JOIN agents.agents a ON a.id = c.agent_id
-  LEFT JOIN agents.tool_assignments s ON s.agent_id = c.agent_id AND s.tool_id = c.tool_id;
+  LEFT JOIN agents.tool_assignments s ON s.agent_id = c.agent_id AND s.tool_id = c.tool_id
+  LEFT JOIN agents.credentials k ON k.id = t.credential_ref;
 
 -- name: mark_sent
 -- Before a write leaves: record that it may have left, fenced by lease and attempt.
@@ -78,6 +84,46 @@ UPDATE agents.tool_invocations i
        updated_at = now()
   FROM r
  WHERE i.id = r.id AND i.attempt = r.attempt AND i.lease_owner = %(worker)s
+   AND i.status = 'running'
+RETURNING i.id;
+
+-- name: finish_unfenced
+-- ONLY to prove the chaos check can fail (TOOLRELAY_TEST_UNSAFE_NO_FENCING=1): `finish`
+-- without the (attempt, lease_owner) fence, so a worker whose lease was taken over still writes.
+WITH r AS (
+    SELECT * FROM jsonb_to_recordset(%(results)s) AS x(
+        id uuid, attempt integer, status text, output jsonb, error text, error_code text,
+        http_status integer, output_mismatch text, retry_in_ms double precision,
+        clear_sent boolean)
+), attempts AS (
+    INSERT INTO agents.tool_invocation_attempts (
+        invocation_id, owner, attempt, worker, started_at, finished_at, status_code,
+        duration_ms, error_code, error)
+    SELECT a.invocation_id, a.owner, a.attempt, %(worker)s, a.started_at, a.finished_at,
+           a.status_code, a.duration_ms, a.error_code, a.error
+      FROM jsonb_to_recordset(%(attempts)s) AS a(
+          invocation_id uuid, owner uuid, attempt integer, started_at timestamptz,
+          finished_at timestamptz, status_code integer, duration_ms double precision,
+          error_code text, error text)
+)
+UPDATE agents.tool_invocations i
+   SET status = r.status,
+       output = r.output,
+       error = r.error,
+       error_code = r.error_code,
+       http_status = r.http_status,
+       output_mismatch = r.output_mismatch,
+       approval_status = CASE WHEN r.status = 'expired' THEN 'expired' ELSE i.approval_status END,
+       lease_owner = NULL,
+       lease_expires_at = NULL,
+       run_after = CASE WHEN r.status = 'running'
+                        THEN now() + r.retry_in_ms * interval '1 millisecond'
+                        ELSE i.run_after END,
+       sent_at = CASE WHEN r.clear_sent THEN NULL ELSE i.sent_at END,
+       finished_at = CASE WHEN r.status <> 'running' THEN now() END,
+       updated_at = now()
+  FROM r
+ WHERE i.id = r.id
    AND i.status = 'running'
 RETURNING i.id;
 
