@@ -84,6 +84,9 @@ class Worker:
         self.stopping = asyncio.Event()
         self.inflight: dict[UUID, asyncio.Task[None]] = {}
         self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
+        # Claim in batches: while work is in flight, wait until a quarter of the slots are
+        # free rather than paying one claim round trip per finished call.
+        self._min_claim = max(1, min(CLAIM_BATCH, settings.concurrency) // 4)
 
     async def run(self) -> None:
         pool = open_pool(self.url, pooler=self.settings.pooler)
@@ -134,7 +137,7 @@ class Worker:
                 await self._db_call(self.store.expire_approvals())
             free = self.settings.concurrency - len(self.inflight)
             claimed = 0
-            if free > 0:
+            if free >= self._min_claim:
                 rows = await self._db_call(
                     self.store.claim(min(free, CLAIM_BATCH), self.settings.lease_seconds)
                 )
