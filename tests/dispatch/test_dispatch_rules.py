@@ -133,3 +133,24 @@ async def test_input_that_skipped_application_validation_fails_before_sending(
     assert (got["status"], got["error_code"]) == ("failed", "invalid_input")
     assert "input.n" in got["error"]
     assert upstream.seen == []
+
+
+async def test_reset_on_a_reused_connection_is_one_recorded_attempt(
+    registry: Registry, upstream: Upstream, drain: Drain
+) -> None:
+    async def reset_after_first(request: web.Request, hit: int) -> web.Response:
+        if hit > 1 and request.transport is not None:
+            request.transport.close()  # drop the kept-alive connection without answering
+        return web.json_response({"hit": hit})
+
+    upstream.routes["/reset"] = reset_after_first
+    agent, tool = agent_with_tool(registry, endpoint_url=f"{upstream.base_url}/reset")
+    registry.update_tool(tool["key"], {"max_attempts": 1})
+    first = registry.invoke(agent, tool["key"], {})
+    second = registry.invoke(agent, tool["key"], {})
+    await drain(concurrency=1)
+    assert registry.get_invocation(first)["status"] == "completed"
+    got = registry.get_invocation(second)
+    assert (got["status"], got["error_code"]) == ("failed", "network_error")
+    assert len(got["attempts"]) == 1
+    assert upstream.by_invocation[str(second)] == 1  # aiohttp did not quietly send it again

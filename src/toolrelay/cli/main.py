@@ -51,3 +51,7 @@ def _register_optional() -> None:
 
 
 _register_optional()
+
+from toolrelay.cli.chaos import chaos  # noqa: E402  (the chaos command, docs/reliability.md)
+
+app.command()(chaos)

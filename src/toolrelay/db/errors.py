@@ -32,6 +32,8 @@ def translate_db_error(exc: psycopg.Error) -> errors.ToolrelayError:
         if state == "23505":
             return errors.Conflict(f"already exists: {diag.message_detail or message}{where}")
         return errors.InvalidArgument(f"{message}{where}")
-    if state.startswith("22"):
+    if state.startswith("22") or state == "42804":  # bad value, or a value of the wrong type
         return errors.InvalidArgument(message)
+    if not state and isinstance(exc, psycopg.ProgrammingError | psycopg.DataError):  # unadaptable
+        return errors.InvalidArgument(f"invalid value: {message}")
     return errors.ToolrelayError(message)

@@ -84,6 +84,7 @@ class Worker:
         self.stopping = asyncio.Event()
         self.inflight: dict[UUID, asyncio.Task[None]] = {}
         self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
+        self.recording: set[UUID] = set()
         # Claim in batches: while work is in flight, wait until a quarter of the slots are
         # free rather than paying one claim round trip per finished call.
         self._min_claim = max(1, min(CLAIM_BATCH, settings.concurrency) // 4)
@@ -103,6 +104,9 @@ class Worker:
                 self.metrics, "127.0.0.1", self.settings.metrics_port
             )
         async with aiohttp.ClientSession(connector=connector) as session:
+            # aiohttp silently re-sends GET/PUT/DELETE once when a kept-alive connection
+            # resets; every send must be an attempt we count and record, so turn that off.
+            session._retry_connection = False
             self.executor = Executor(session, self.egress, self._resolve, self._before_send)
             side = [asyncio.create_task(self._listen()), asyncio.create_task(self._heartbeat())]
             try:
@@ -212,8 +216,13 @@ class Worker:
             self.metrics.lost_leases += 1
             return
         self.metrics.observe(outcome.status, outcome.error_code, time.monotonic() - attempt.started)
-        # Shielded: a shutdown must not lose a result that was already decided.
-        recorded = await asyncio.shield(self._record(row, outcome, attempt))
+        # Shielded: a shutdown must not lose a result that was already decided, nor hand
+        # the claim back while that result is being written.
+        self.recording.add(row["id"])
+        try:
+            recorded = await asyncio.shield(self._record(row, outcome, attempt))
+        finally:
+            self.recording.discard(row["id"])
         log.info(
             "invocation attempt finished",
             extra={
@@ -325,7 +334,11 @@ class Worker:
     async def _shutdown(self) -> None:
         if self.inflight:
             _, pending = await asyncio.wait(list(self.inflight.values()), timeout=SHUTDOWN_GRACE)
-            ids = [key for key, task in self.inflight.items() if task in pending]
+            ids = [
+                key
+                for key, task in self.inflight.items()
+                if task in pending and key not in self.recording
+            ]
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -334,9 +347,9 @@ class Worker:
 
 
 async def run_worker(
-    url: str, settings: WorkerSettings, resolver: Any, egress: EgressPolicy | None = None
+    url: str, settings: WorkerSettings, keyring: Keyring | None, egress: EgressPolicy | None = None
 ) -> Worker:
-    worker = Worker(url, settings, resolver, egress)
+    worker = Worker(url, settings, keyring, egress)
     worker.install_signal_handlers()
     await worker.run()
     return worker

@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import Row
-from toolrelay.errors import InvalidArgument, NotAssigned, NotFound, ToolrelayError
+from toolrelay.errors import InvalidArgument, InvalidInput, NotAssigned, NotFound, ToolrelayError
 from toolrelay.registry.models import EXTRA_COLUMNS, UPDATABLE_COLUMNS, ToolSpec
 from toolrelay.registry.validation import check_tool, validate_input
 
@@ -240,6 +240,9 @@ class Registry:
         run_id: UUID | None = None,
     ) -> UUID:
         """Validate the input against schema_input, then record the invocation."""
+        if input is not None and not isinstance(input, Mapping):
+            kind = type(input).__name__
+            raise InvalidInput(f"input must be a JSON object, got {kind}")
         payload = dict(input or {})
         with self._tx() as conn:
             agent_id = self._find_agent(conn, agent)["id"]

@@ -1,0 +1,551 @@
+"""One chaos run, start to finish.
+
+1. A fresh database, migrated; the upstream, token endpoint and canaries on loopback.
+2. The stale-lease probe: worker 0 takes a few slow reads and is frozen (SIGSTOP) past its
+   lease; worker 1 takes them over; worker 0 is thawed while worker 1's requests are still
+   in flight, so worker 0 tries to record results that are no longer its to record.
+3. The main phase: invocations created at a steady rate, the approval script deciding gated
+   ones, a random worker SIGKILLed (and restarted) every few seconds, another frozen past
+   its lease now and then, and, with --db-restart, PostgreSQL restarted once.
+4. Quiet: faults stop, the workers finish what is running and are stopped; a final
+   ``worker --drain`` must find nothing left, or finish it, and exit.
+5. The checks (checks.py) over the database, the upstream's records and the logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import random
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from toolrelay import config as env_config
+from toolrelay.chaos.checks import AttemptRow, CheckResult, InvocationRow, RunData, run_checks
+from toolrelay.chaos.collect import LogSummary, read_database, read_logs
+from toolrelay.chaos.config import ChaosConfig
+from toolrelay.chaos.database import Server
+from toolrelay.chaos.scenario import (
+    PROBE_TOOL,
+    TOOLS,
+    Approver,
+    Creator,
+    OwnerSession,
+    Setup,
+    plan_invocations,
+    register,
+)
+from toolrelay.chaos.upstream import ACTIONS, Canary, ChaosUpstream, StallScript, TokenEndpoint
+from toolrelay.chaos.workers import WorkerPool, worker_env
+from toolrelay.credentials import Keyring, generate_master_key
+from toolrelay.db import Database, migrate
+from toolrelay.errors import ConfigurationError
+
+log = logging.getLogger("toolrelay.chaos")
+
+PROBE_FIRST_HOLD = 1.5  # seconds the upstream holds the stalled worker's probe requests
+PROBE_SECOND_HOLD = 4.0  # ... and the rescuer's, so the thawed worker answers first
+PROBE_TIMEOUT = 30.0  # the probe tool's timeout_seconds: nothing in the probe times out
+PROBE_WAIT = 60.0  # seconds to wait for the probe's requests to arrive
+PROBE_GRACE = 0.5  # seconds for the rescuer to record its answers before faults begin
+POLL = 0.05  # seconds
+
+
+@dataclass
+class ChaosReport:
+    config: dict[str, Any]
+    started_at: str
+    machine: dict[str, Any]
+    duration_seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    numbers: dict[str, Any] = field(default_factory=dict)
+    checks: list[CheckResult] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.checks) and all(c.ok for c in self.checks)
+
+    def as_dict(self, with_checks: bool = True) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "ok": self.ok,
+            "started_at": self.started_at,
+            "duration_seconds": round(self.duration_seconds, 1),
+            "machine": self.machine,
+            "config": self.config,
+            "phases": {k: round(v, 1) for k, v in self.phases.items()},
+            "numbers": self.numbers,
+            "error": self.error,
+        }
+        if with_checks:
+            data["checks"] = [c.as_dict() for c in self.checks]
+        return data
+
+
+def source_revision() -> str | None:
+    """The git commit the run was made from (``+dirty`` with local changes), if known."""
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return None
+    if rev.returncode != 0:
+        return None
+    return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine_info(server: Server | None) -> dict[str, Any]:
+    return {
+        "revision": source_revision(),
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "postgresql": server.server_version() if server else None,
+        "database": "embedded (pgserver)" if server and server.embedded else "DATABASE_URL",
+    }
+
+
+def blocked_targets(canaries: list[Canary]) -> list[str]:
+    """Where the upstream redirects to; the egress guard must refuse every one of them."""
+    targets = [
+        "http://10.0.0.1/internal",
+        "http://169.254.169.254/latest/meta-data/iam/security-credentials/",
+        "http://192.168.1.1/admin",
+    ]
+    for canary in canaries:
+        if canary.host == "127.0.0.2":
+            targets += [
+                f"http://127.0.0.2:{canary.port}/",  # loopback, but not the allowed 127.0.0.1
+                f"http://2130706434:{canary.port}/",  # 127.0.0.2 as one decimal number
+                f"http://[::ffff:127.0.0.2]:{canary.port}/",  # IPv4-mapped IPv6
+            ]
+        elif canary.host == "::1":
+            targets.append(f"http://[::1]:{canary.port}/")
+    return targets
+
+
+class Run:
+    def __init__(self, cfg: ChaosConfig) -> None:
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.server: Server | None = None
+        self.db_url = ""
+        self.pool: WorkerPool | None = None
+        self.session: OwnerSession | None = None
+        self.canaries = [Canary("127.0.0.2"), Canary("::1")]
+        self.upstream: ChaosUpstream | None = None
+        self.tokens = TokenEndpoint(cfg.seed + 1, cfg.token_failure_rate)
+        self.master_key = generate_master_key("chaos")
+        self.faults: Counter[str] = Counter()
+        self.db_restart_seconds: float | None = None
+        self.events_path = cfg.out_dir / "chaos-events.jsonl"
+        self.probe_ids: list[str] = []
+        self.creator: Creator | None = None
+        self.approver: Approver | None = None
+        self.approver_task: asyncio.Task[None] | None = None
+        self.stop_approver = asyncio.Event()
+        self.drain_result: dict[str, Any] = {}
+        self.phases: dict[str, float] = {}
+        self._phase_start = time.monotonic()
+        self.report = ChaosReport(
+            config=cfg.public(), started_at=datetime.now(UTC).isoformat(), machine={}
+        )
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def event(self, what: str, **details: Any) -> None:
+        entry = {"time": datetime.now(UTC).isoformat(), "event": what} | details
+        with self.events_path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(entry, default=str) + "\n")
+        log.info(what, extra={"action": "chaos", **details})
+
+    def phase(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = now - self._phase_start
+        self._phase_start = now
+        self.event("phase done", phase=name, seconds=round(self.phases[name], 2))
+
+    async def _wait_until(self, condition: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise ConfigurationError(f"chaos: timed out waiting for {what}")
+            await asyncio.sleep(POLL)
+
+    # --- phases --------------------------------------------------------------------------
+
+    async def run(self) -> ChaosReport:
+        started = time.monotonic()
+        self.cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.cfg.out_dir / "logs").mkdir(exist_ok=True)
+        for stale in (self.cfg.out_dir / "logs").glob("*.log"):
+            stale.unlink()
+        self.events_path.unlink(missing_ok=True)
+        try:
+            setup = await self._setup()
+            await self._probe(setup)
+            await self._main(setup)
+            quiet = await self._quiesce()
+            await self._drain(quiet)
+            await self._check(setup)
+        except Exception as exc:
+            self.report.error = f"{type(exc).__name__}: {exc}"
+            self.event("run failed", error=self.report.error)
+        finally:
+            await self._cleanup()
+            self.report.duration_seconds = time.monotonic() - started
+            self.report.phases = self.phases
+        return self.report
+
+    async def _setup(self) -> Setup:
+        cfg = self.cfg
+        self.server = await asyncio.to_thread(
+            Server.open, cfg.server_url or env_config.database_url_from_env()
+        )
+        self.report.machine = await asyncio.to_thread(machine_info, self.server)
+        if cfg.db_restart:
+            self.server.restart_command()  # fails early when the server cannot be restarted
+        self.db_url = await asyncio.to_thread(self.server.create_database)
+        await asyncio.to_thread(migrate, self.db_url)
+        for canary in self.canaries:
+            if not await canary.start():
+                self.event("canary unavailable", host=canary.host)
+        self.canaries = [c for c in self.canaries if c.port]
+        self.upstream = ChaosUpstream(
+            cfg.seed,
+            cfg.tool_timeout,
+            blocked_targets(self.canaries),
+            stall=StallScript(first=PROBE_FIRST_HOLD, second=PROBE_SECOND_HOLD),
+        )
+        await self.upstream.start()
+        await self.tokens.start()
+        keyring = Keyring.parse(self.master_key)
+        setup = await asyncio.to_thread(
+            register,
+            Database(self.db_url),
+            keyring,
+            self.upstream,
+            self.tokens,
+            cfg.tool_timeout,
+            cfg.approval_ttl,
+            PROBE_TIMEOUT,
+        )
+        setup.secrets["master_key"] = [self.master_key.partition(":")[2]]
+        env = worker_env(self.db_url, self.master_key, cfg.out_dir / "home", cfg.unsafe_no_fencing)
+        (cfg.out_dir / "home").mkdir(exist_ok=True)
+        self.pool = WorkerPool(
+            cfg.workers, env, cfg.out_dir / "logs", cfg.lease_seconds, cfg.concurrency
+        )
+        self.session = OwnerSession(self.db_url, setup.owner)
+        self.phase("setup")
+        return setup
+
+    async def _probe(self, setup: Setup) -> None:
+        """Worker 0 frozen past its lease mid-request; worker 1 rescues; worker 0 thaws."""
+        assert self.pool is not None and self.session is not None and self.upstream is not None
+        pool, upstream = self.pool, self.upstream
+        await pool.start(0)
+        conn = await self.session.connection()
+        for _ in range(self.cfg.probe_invocations):
+            cur = await conn.execute(
+                "SELECT fn_invoke_tool(%s, %s, '{}'::jsonb)::text",
+                (setup.agent_id, setup.tool_ids[PROBE_TOOL]),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            self.probe_ids.append(str(row[0]))
+        ids = self.probe_ids
+        await self._wait_until(
+            lambda: all(len(upstream.seen(i)) >= 1 for i in ids), PROBE_WAIT, "probe requests"
+        )
+        pool.stall(0)
+        self.event("probe: worker 0 frozen with its requests in flight", invocations=len(ids))
+        await pool.start(1)
+        await self._wait_until(
+            lambda: all(len(upstream.seen(i)) >= 2 for i in ids),
+            PROBE_WAIT + self.cfg.lease_seconds,
+            "the rescuer's probe requests",
+        )
+        pool.resume(0)
+        self.event("probe: worker 1 took over; worker 0 thawed")
+        # No faults until the probe is over: its outcome must depend on the probe alone.
+        deadline = time.monotonic() + PROBE_SECOND_HOLD + PROBE_WAIT
+        while not self._probe_answered() or await self._probe_running(conn):
+            if time.monotonic() > deadline:
+                raise ConfigurationError("chaos: timed out waiting for the probe to finish")
+            await asyncio.sleep(POLL * 4)
+        await asyncio.sleep(PROBE_GRACE)  # the rescuer records what it was answered
+        self.phase("probe")
+
+    def _probe_answered(self) -> bool:
+        """The upstream answered the rescuer's request (the second) of every probe."""
+        assert self.upstream is not None
+        return all(self.upstream.seen(i)[1].status is not None for i in self.probe_ids)
+
+    async def _probe_running(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        cur = await conn.execute(
+            "SELECT count(*) FROM agents.tool_invocations"
+            " WHERE id = ANY(%s::uuid[]) AND status = 'running'",
+            (self.probe_ids,),
+        )
+        row = await cur.fetchone()
+        return bool(row and row[0])
+
+    async def _main(self, setup: Setup) -> None:
+        assert self.pool is not None and self.session is not None
+        cfg = self.cfg
+        for index in range(2, cfg.workers):
+            await self.pool.start(index)
+        planned = plan_invocations(cfg.invocations, cfg.seed)
+        self.creator = Creator(self.session, setup)
+        self.approver = Approver(self.session, setup, cfg.seed)
+        stop_faults = asyncio.Event()
+        self.approver_task = asyncio.create_task(self.approver.run(self.stop_approver))
+        faults = asyncio.create_task(self._faults(stop_faults))
+        try:
+            await self.creator.run(planned, cfg.create_seconds)
+            self.event("all invocations created", created=self.creator.created)
+            await asyncio.sleep(cfg.settle_seconds)
+        finally:
+            stop_faults.set()
+            await faults
+        self.phase("main")
+
+    async def _faults(self, stop: asyncio.Event) -> None:
+        """SIGKILL a worker every kill_every s, SIGSTOP one past its lease every stall_every
+        s, and restart the database once half way through creation (with --db-restart)."""
+        assert self.pool is not None and self.server is not None
+        pool, cfg, rng = self.pool, self.cfg, self.rng
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        next_kill, next_stall = start + cfg.kill_every, start + cfg.stall_every
+        restart_at = start + cfg.create_seconds / 2 if cfg.db_restart else None
+        thaw: list[tuple[float, int]] = []
+        while not stop.is_set() or restart_at is not None:
+            now = loop.time()
+            for when, index in [t for t in thaw if t[0] <= now]:
+                pool.resume(index)
+                thaw.remove((when, index))
+            alive = pool.alive()
+            if now >= next_kill and alive:
+                index = rng.choice(alive)
+                self.event("kill", worker=index)
+                await pool.kill(index)
+                next_kill = now + cfg.kill_every
+            elif now >= next_stall and len(alive) >= 2:
+                index = rng.choice(alive)
+                frozen = cfg.lease_seconds + 1.0 + rng.uniform(0, 1.0)
+                self.event("stall", worker=index, seconds=round(frozen, 2))
+                pool.stall(index)
+                thaw.append((now + frozen, index))
+                next_stall = now + cfg.stall_every
+            if restart_at is not None and (now >= restart_at or stop.is_set()):
+                self.event("database restart")
+                self.db_restart_seconds = await asyncio.to_thread(self.server.restart)
+                self.faults["db_restarts"] += 1
+                self.event("database back", seconds=round(self.db_restart_seconds, 2))
+                restart_at = None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
+        for _, index in thaw:
+            pool.resume(index)
+
+    async def _quiesce(self) -> bool:
+        """Wait until nothing is pending or running; True when that happened in time."""
+        assert self.pool is not None and self.approver is not None
+        assert self.approver_task is not None
+        deadline = time.monotonic() + self.cfg.quiesce_timeout
+        quiet = False
+        while time.monotonic() < deadline:
+            with contextlib.suppress(psycopg.OperationalError, psycopg.InterfaceError):
+                if await self.approver.pending() == 0:
+                    quiet = True
+                    break
+            await asyncio.sleep(0.5)
+        self.stop_approver.set()
+        await self.approver_task
+        # Quiet: SIGTERM (nothing in flight to hand back). Otherwise SIGKILL, and the drain
+        # worker recovers the leases.
+        await self.pool.stop_all(graceful=quiet)
+        self.event("workers stopped", quiet=quiet)
+        self.phase("quiesce")
+        return quiet
+
+    async def _drain(self, quiet: bool) -> None:
+        assert self.pool is not None
+        code, seconds = await self.pool.drain(self.cfg.drain_timeout)
+        self.drain_result = {"exit_code": code, "seconds": round(seconds, 2), "quiet": quiet}
+        self.event("drain worker finished", **self.drain_result)
+        self.phase("drain")
+
+    async def _check(self, setup: Setup) -> None:
+        assert self.server is not None and self.upstream is not None
+        assert self.approver is not None
+        cfg = self.cfg
+        invocations, attempts = await asyncio.to_thread(read_database, self.db_url)
+        dump = await asyncio.to_thread(self.server.pg_dump, self.db_url)
+        logs, texts = await asyncio.to_thread(read_logs, cfg.out_dir / "logs")
+        texts["pg_dump"] = dump
+        texts["chaos events"] = self.events_path.read_text("utf-8")
+        self._write_upstream_record()
+        issued = setup.secrets["oauth_access_token"] + self.tokens.issued
+        secrets = {**setup.secrets, "oauth_access_token": issued}
+        numbers = self._numbers(invocations, attempts, logs)
+        self.report.numbers = numbers
+        texts["report"] = json.dumps(self.report.as_dict(with_checks=False), default=str)
+        data = RunData(
+            invocations=invocations,
+            attempts=attempts,
+            arrivals=self.upstream.stats.arrivals,
+            without_invocation=self.upstream.stats.without_invocation,
+            canaries={f"{c.host}:{c.port}": c.connections for c in self.canaries},
+            blocked_redirects_issued=self.upstream.stats.redirects_blocked,
+            secrets=secrets,
+            texts=texts,
+            decisions=self.approver.decisions,
+            probe_ids=self.probe_ids,
+            coverage=self._coverage(numbers),
+        )
+        self.report.checks = run_checks(data)
+        self.phase("check")
+
+    def _write_upstream_record(self) -> None:
+        """Every request the upstream saw, one JSON line per invocation (no secrets in it)."""
+        assert self.upstream is not None
+        with (self.cfg.out_dir / "upstream.jsonl").open("w", encoding="utf-8") as out:
+            for inv_id, seen in self.upstream.stats.arrivals.items():
+                line = {"invocation": inv_id, "requests": [a.as_dict() for a in seen]}
+                out.write(json.dumps(line) + "\n")
+
+    def _numbers(
+        self, invocations: list[InvocationRow], attempts: list[AttemptRow], logs: LogSummary
+    ) -> dict[str, Any]:
+        assert self.pool is not None and self.upstream is not None
+        assert self.creator is not None and self.approver is not None
+        by_outcome: Counter[str] = Counter()
+        by_kind: dict[str, Counter[str]] = {"write": Counter(), "idempotent": Counter()}
+        rows: Counter[str] = Counter(a.invocation_id for a in attempts)
+        distinct: dict[str, set[int]] = {}
+        for a in attempts:
+            distinct.setdefault(a.invocation_id, set()).add(a.attempt)
+        lost = retries = 0
+        for inv in invocations:
+            outcome = inv.status if inv.error_code is None else f"{inv.status}/{inv.error_code}"
+            by_outcome[outcome] += 1
+            by_kind["write" if inv.write else "idempotent"][outcome] += 1
+            lost += max(0, inv.attempt - len(distinct.get(inv.id, ())))
+            retries += max(0, rows[inv.id] - 1)
+        stats = self.upstream.stats
+        requests = sum(len(v) for v in stats.arrivals.values())
+        writes = [i for i in invocations if i.write]
+        seen_writes = Counter(
+            sum(1 for a in stats.arrivals.get(i.id, ()) if a.accepted) for i in writes
+        )
+        return {
+            "invocations": len(invocations),
+            "created_by_script": self.creator.created,
+            "probe_invocations": len(self.probe_ids),
+            "by_outcome": dict(sorted(by_outcome.items())),
+            "by_kind": {k: dict(sorted(v.items())) for k, v in by_kind.items()},
+            "writes_processed_n_times": {str(k): v for k, v in sorted(seen_writes.items())},
+            "attempt_rows": len(attempts),
+            # A lease taken over: its holder died without a word (no attempt row), or
+            # finished too late and was refused (its row is there, its result discarded).
+            "rescued_leases": lost + logs.stale_discarded,
+            "claims_lost": lost,
+            "retries": retries,
+            "stale_results_discarded": logs.stale_discarded,
+            "results_not_recorded_db_down": logs.events["record_failed"],
+            "upstream_requests": requests,
+            "upstream_actions": dict(sorted(stats.actions.items())),
+            "blocked_redirects_issued": stats.redirects_blocked,
+            "canary_connections": {f"{c.host}:{c.port}": c.connections for c in self.canaries},
+            "token_endpoint": {
+                "requests": self.tokens.requests,
+                "failures": dict(self.tokens.failures),
+                "tokens_issued": len(self.tokens.issued),
+            },
+            "approvals": dict(self.approver.results),
+            "faults": {
+                "kills": self.pool.events["killed"],
+                "stalls": self.pool.events["stalled"],
+                "worker_starts": self.pool.events["started"],
+                "unexpected_worker_exits": self.pool.events["unexpected_exit"],
+                "db_restarts": self.faults["db_restarts"],
+                "db_restart_seconds": (
+                    round(self.db_restart_seconds, 2) if self.db_restart_seconds else None
+                ),
+                "creation_batches_retried": self.creator.retried_batches,
+            },
+            "drain": self.drain_result,
+            "logs": logs.as_dict(),
+            "throughput_per_second": round(
+                len(invocations)
+                / max(self.phases.get("main", 0) + self.phases.get("quiesce", 0), 1),
+                1,
+            ),
+        }
+
+    def _coverage(self, numbers: dict[str, Any]) -> dict[str, tuple[int, int]]:
+        """What the run must have exercised for its passing checks to mean something."""
+        faults = numbers["faults"]
+        outcomes = numbers["by_outcome"]
+        probe = len(self.probe_ids)
+        coverage = {
+            "kills": (faults["kills"], 1),
+            "stalls": (faults["stalls"], 1),
+            "rescued_leases": (numbers["rescued_leases"], probe),
+            "stale_results_discarded": (numbers["stale_results_discarded"], probe),
+        }
+        if self.cfg.db_restart:
+            coverage["db_restarts"] = (faults["db_restarts"], 1)
+        if self.cfg.invocations >= len(TOOLS) * len(ACTIONS):  # every action forced once
+            coverage |= {
+                "retries": (numbers["retries"], 1),
+                "outcome_unknown": (outcomes.get("failed/outcome_unknown", 0), 1),
+                "egress_blocked": (outcomes.get("failed/egress_blocked", 0), 1),
+                "token_endpoint_failures": (sum(numbers["token_endpoint"]["failures"].values()), 1),
+                "rejected": (outcomes.get("rejected", 0), 1),
+            }
+        return coverage
+
+    async def _cleanup(self) -> None:
+        if self.pool is not None:
+            with contextlib.suppress(Exception):
+                await self.pool.stop_all(graceful=False)
+        if self.session is not None:
+            with contextlib.suppress(Exception):
+                await self.session.close()
+        for closer in (self.upstream, self.tokens, *self.canaries):
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer.close()
+        if self.server is not None:
+            if self.db_url and not self.cfg.keep_database:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self.server.drop_database, self.db_url)
+            await asyncio.to_thread(self.server.close)
+
+
+async def run_chaos(cfg: ChaosConfig) -> ChaosReport:
+    return await Run(cfg).run()

@@ -1,0 +1,226 @@
+"""Each chaos invariant holds on a clean record and fails on the violation it names."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from toolrelay.chaos.checks import (
+    AttemptRow,
+    CheckResult,
+    InvocationRow,
+    RunData,
+    check_attempt_bounds,
+    check_completed_are_real,
+    check_coverage,
+    check_egress,
+    check_gated,
+    check_probe,
+    check_recorded_statuses,
+    check_requests_identified,
+    check_result_from_last_claim,
+    check_secrets,
+    check_terminal,
+    check_write_outcomes,
+    check_writes_at_most_once,
+    run_checks,
+)
+from toolrelay.chaos.upstream import Arrival
+
+INV = "00000000-0000-4000-8000-000000000001"
+
+
+def inv(**fields: Any) -> InvocationRow:
+    base = InvocationRow(
+        id=INV,
+        tool="chaos.post",
+        method="POST",
+        idempotency_header=None,
+        max_attempts=3,
+        gated=False,
+        status="completed",
+        approval_status="not_required",
+        decided=False,
+        error_code=None,
+        http_status=201,
+        attempt=1,
+        output={"invocation": INV, "seq": 1, "status": 201},
+    )
+    return replace(base, **fields)
+
+
+def arrival(seq: int = 1, action: str = "ok", status: int | None = 201, **fields: Any) -> Arrival:
+    return Arrival(
+        seq=seq,
+        method=fields.pop("method", "POST"),
+        path="/api/chaos.post",
+        action=action,
+        at=0.0,
+        status=status,
+        complete=fields.pop("complete", status is not None),
+        **fields,
+    )
+
+
+def attempt(n: int = 1, status: int | None = 201, code: str | None = None) -> AttemptRow:
+    return AttemptRow(
+        id=n, invocation_id=INV, attempt=n, worker="w", status_code=status, error_code=code
+    )
+
+
+def data(
+    invocation: InvocationRow,
+    arrivals: list[Arrival],
+    attempts: list[AttemptRow] | None = None,
+    **fields: Any,
+) -> RunData:
+    rows = attempts if attempts is not None else [attempt(1, invocation.http_status)]
+    return RunData(invocations=[invocation], attempts=rows, arrivals={INV: arrivals}, **fields)
+
+
+def test_a_clean_run_passes_every_check() -> None:
+    results = run_checks(data(inv(), [arrival()]))
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+
+
+def test_stuck_invocation_fails_terminal() -> None:
+    assert not check_terminal(data(inv(status="running"), [])).ok
+
+
+def test_write_processed_twice_fails_but_refusals_do_not_count() -> None:
+    twice = [arrival(1, "reset_after", None), arrival(2)]
+    assert not check_writes_at_most_once(data(inv(), twice)).ok
+    refused_then_ok = [arrival(1, "refuse_429", 429), arrival(2, "refuse_503", 503), arrival(3)]
+    record = inv(output={"invocation": INV, "seq": 3, "status": 201}, attempt=3)
+    assert check_writes_at_most_once(data(record, refused_then_ok)).ok
+    # an idempotent POST may be sent again
+    idem = inv(idempotency_header="Idempotency-Key", output={"invocation": INV, "seq": 2})
+    assert check_writes_at_most_once(data(idem, twice)).ok
+
+
+@pytest.mark.parametrize(
+    ("record", "seen", "ok"),
+    [
+        # seen once: completed (with that answer), outcome_unknown, or the real answer
+        (inv(), [arrival()], True),
+        (inv(status="failed", error_code="outcome_unknown", http_status=None, output=None),
+         [arrival(1, "reset_after", None)], True),
+        (inv(status="failed", error_code="outcome_unknown", http_status=None, output=None),
+         [], True),
+        (inv(status="failed", error_code="http_error", http_status=502, output=None),
+         [arrival(1, "error_5xx", 502)], True),
+        # a failure that claims an answer the upstream never gave whole
+        (inv(status="failed", error_code="http_error", http_status=200, output=None),
+         [arrival(1, "truncated", 200, complete=False)], False),
+        # a local failure after the upstream processed it: the write is lost to the record
+        (inv(status="failed", error_code="network_error", http_status=None, output=None),
+         [arrival(1, "reset_after", None)], False),
+        (inv(status="failed", error_code="credential_error", http_status=None, output=None),
+         [], True),
+        # completed, but the upstream never processed it
+        (inv(), [], False),
+        (inv(), [arrival(1, "refuse_429", 429)], False),
+        # expired or rejected after the upstream processed it
+        (inv(status="expired", error_code="approval_expired", http_status=None, output=None),
+         [arrival(1, "ok", 200)], False),
+    ],
+)  # fmt: skip
+def test_write_outcomes(record: InvocationRow, seen: list[Arrival], ok: bool) -> None:
+    assert check_write_outcomes(data(record, seen)).ok is ok
+
+
+def test_completed_output_must_be_a_whole_2xx_answer_with_the_same_status() -> None:
+    read = inv(method="GET", tool="chaos.read")
+    assert check_completed_are_real(data(read, [arrival(method="GET")])).ok
+    assert not check_completed_are_real(data(read, [])).ok
+    assert not check_completed_are_real(data(read, [arrival(status=200, method="GET")])).ok
+    cut = [arrival(complete=False, method="GET")]
+    assert not check_completed_are_real(data(read, cut)).ok
+    other = inv(method="GET", output={"invocation": "someone-else", "seq": 1})
+    assert not check_completed_are_real(data(other, [arrival(method="GET")])).ok
+
+
+def test_recorded_status_must_have_been_answered() -> None:
+    record = inv(status="failed", error_code="http_error", http_status=404, output=None)
+    assert check_recorded_statuses(data(record, [arrival(1, "error_4xx", 404)])).ok
+    assert not check_recorded_statuses(data(record, [arrival(1, "error_4xx", 400)])).ok
+
+
+def test_attempt_bounds() -> None:
+    read = inv(method="GET", max_attempts=2, attempt=3)
+    ok_rows = [attempt(1, 500, "http_error"), attempt(2, 200), attempt(3, None, "network_error")]
+    assert check_attempt_bounds(data(read, [], ok_rows)).ok
+    too_many = [*ok_rows, attempt(4, None, "network_error")]
+    assert not check_attempt_bounds(data(read, [], too_many)).ok
+    sent_past_limit = [attempt(1, 500, "http_error"), attempt(3, 200)]
+    assert not check_attempt_bounds(data(read, [], sent_past_limit)).ok
+    twice = [attempt(1, 500, "http_error"), attempt(1, 200)]
+    assert not check_attempt_bounds(data(read, [], twice)).ok
+
+
+def test_a_stale_result_over_the_last_claims_is_caught() -> None:
+    # attempt 1's worker froze; attempt 2 took over and got 201; attempt 1 wrote its 200 last
+    record = inv(method="GET", attempt=2, http_status=200)
+    rows = [attempt(1, 200), attempt(2, 201)]
+    result = check_result_from_last_claim(data(record, [], rows))
+    assert not result.ok and "stale claim" in result.violations[0]
+    fine = inv(method="GET", attempt=2, http_status=201)
+    assert check_result_from_last_claim(data(fine, [], rows)).ok
+    assert not check_result_from_last_claim(data(fine, [], [attempt(1, 200)])).ok
+    never_claimed = inv(status="rejected", attempt=0, http_status=None)
+    assert check_result_from_last_claim(data(never_claimed, [], [])).ok
+
+
+def test_gated_invocations_are_sent_only_after_approval() -> None:
+    approved = inv(gated=True, approval_status="approved", decided=True)
+    assert check_gated(data(approved, [arrival()], decisions={INV: "approve"})).ok
+    rejected = inv(gated=True, status="rejected", approval_status="rejected", decided=True)
+    assert check_gated(data(rejected, [], decisions={INV: "reject"})).ok
+    assert not check_gated(data(rejected, [arrival()], decisions={INV: "reject"})).ok
+    never = inv(gated=True, status="expired", approval_status="expired", decided=False)
+    assert not check_gated(data(never, [arrival()], decisions={INV: "ignore"})).ok
+
+
+def test_egress() -> None:
+    blocked = inv(method="GET", status="failed", error_code="egress_blocked", http_status=None)
+    redirect = [arrival(1, "redirect_blocked", 302, method="GET")]
+    good = data(blocked, redirect, canaries={"127.0.0.2:1": 0}, blocked_redirects_issued=1)
+    assert check_egress(good).ok
+    assert not check_egress(replace(good, canaries={"127.0.0.2:1": 1})).ok
+    assert not check_egress(replace(good, arrivals={INV: []})).ok
+    nothing_refused = data(inv(), [arrival()], blocked_redirects_issued=3)
+    assert not check_egress(nothing_refused).ok
+
+
+def test_requests_identified() -> None:
+    assert check_requests_identified(data(inv(), [arrival()])).ok
+    assert not check_requests_identified(data(inv(), [arrival(auth_ok=False)])).ok
+    assert not check_requests_identified(data(inv(), [arrival()], without_invocation=1)).ok
+    stranger = RunData(invocations=[inv()], attempts=[], arrivals={"nobody": [arrival()]})
+    assert not check_requests_identified(stranger).ok
+    idem = inv(idempotency_header="Idempotency-Key")
+    assert not check_requests_identified(data(idem, [arrival()])).ok
+    keyed = arrival(idempotency_key=f"toolrelay-{INV}")
+    assert check_requests_identified(data(idem, [keyed])).ok
+
+
+def test_secrets_are_found_plain_or_hex_and_never_shown() -> None:
+    secret = "sk-live-0123456789"
+    clean = data(inv(), [arrival()], secrets={"api_key": [secret]}, texts={"log": "nothing"})
+    assert check_secrets(clean).ok
+    for text in (f"x {secret} y", f"\\x{secret.encode().hex()}"):
+        result = check_secrets(replace(clean, texts={"pg_dump": text}))
+        assert not result.ok
+        assert secret not in str(result.as_dict())
+
+
+def test_probe_and_coverage() -> None:
+    stood = inv(method="GET", http_status=201, output={"invocation": INV, "seq": 2})
+    assert check_probe(data(stood, [], probe_ids=[INV])).ok
+    overwritten = inv(method="GET", http_status=200, output={"invocation": INV, "seq": 1})
+    assert not check_probe(data(overwritten, [], probe_ids=[INV])).ok
+    covered: CheckResult = check_coverage(data(inv(), [], coverage={"kills": (3, 1)}))
+    assert covered.ok
+    assert not check_coverage(data(inv(), [], coverage={"kills": (0, 1)})).ok
