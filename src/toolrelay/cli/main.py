@@ -9,6 +9,8 @@ from toolrelay.cli.agents import agent_app, invocations_app
 from toolrelay.cli.context import console, fail
 from toolrelay.cli.demo import demo
 from toolrelay.cli.prune import prune
+from toolrelay.cli.serve import serve
+from toolrelay.cli.tokens import token_app
 from toolrelay.cli.tools import tool_app
 from toolrelay.cli.worker import worker
 from toolrelay.db import Database, migrate
@@ -22,10 +24,12 @@ app = typer.Typer(
 app.add_typer(tool_app, name="tool")
 app.add_typer(agent_app, name="agent")
 app.add_typer(invocations_app, name="invocations")
+app.add_typer(token_app, name="token")
 for command in (agents.assign, agents.revoke, agents.invoke, agents.approve, agents.reject):
     app.command()(command)
 app.command()(worker)
 app.command()(demo)
+app.command()(serve)
 app.command()(prune)
 
 

@@ -197,11 +197,12 @@ class Registry:
             return bool(row["revoked"])
 
     def agent_tools(self, agent: str) -> list[Row]:
-        """The tools ``agent`` may call now: assigned, allowed and active."""
+        """The tools ``agent`` may call now: assigned, allowed and active; ``gated`` tells
+        whether a call waits for approval."""
         with self._tx() as conn:
             agent_id = self._find_agent(conn, agent)["id"]
             return conn.execute(
-                "SELECT t.* FROM agents.tool_assignments s"
+                "SELECT t.*, agents.tool_is_gated(t) AS gated FROM agents.tool_assignments s"
                 " JOIN agents.tools_registry t ON t.id = s.tool_id"
                 " WHERE s.agent_id = %s AND s.allowed AND t.status = 'active' ORDER BY t.key",
                 (agent_id,),

@@ -1,0 +1,66 @@
+"""/v1/agent for agents: their tools as JSON Schema, invoke, and an invocation's outcome."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from uuid import UUID
+
+from fastapi import APIRouter, Depends, Request, Response, status
+
+from toolrelay.api import schemas as s
+from toolrelay.api.auth import agent_caller
+from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.paths import Wait, wait_for_invocation
+from toolrelay.db.connect import Row
+from toolrelay.tokens import Caller
+
+router = APIRouter(prefix="/v1/agent", tags=["agent"])
+
+Ctx = Annotated[ApiContext, Depends(get_context)]
+Agent = Annotated[Caller, Depends(agent_caller)]
+
+
+def _me(caller: Caller) -> str:
+    assert caller.agent_id is not None
+    return str(caller.agent_id)
+
+
+def _tool(row: Row) -> s.AgentTool:
+    return s.AgentTool(
+        name=row["key"],
+        title=row["name"],
+        description=row["description"],
+        input_schema=row["schema_input"],
+        output_schema=row["schema_output"],
+        requires_approval=row["gated"],
+    )
+
+
+@router.get("/tools", summary="The tools this agent may call now (assigned, allowed, active)")
+def tools(context: Ctx, caller: Agent) -> s.AgentToolList:
+    rows = context.registry(caller).agent_tools(_me(caller))
+    return s.AgentToolList(tools=[_tool(r) for r in rows])
+
+
+@router.post(
+    "/invocations",
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Invoke a tool; a call that needs approval stays pending until an owner decides",
+)
+def invoke(body: s.InvokeIn, context: Ctx, caller: Agent, response: Response) -> s.InvocationOut:
+    registry = context.registry(caller)
+    invocation_id = registry.invoke(_me(caller), body.tool, body.input, body.run_id)
+    response.headers["Location"] = f"/v1/agent/invocations/{invocation_id}"
+    return s.InvocationOut.model_validate(registry.get_invocation(invocation_id, agent=_me(caller)))
+
+
+@router.get(
+    "/invocations/{invocation_id}",
+    summary="One of this agent's invocations; ?wait=N waits up to N s for its outcome",
+)
+async def show(
+    invocation_id: UUID, request: Request, context: Ctx, caller: Agent, wait: Wait = 0
+) -> s.InvocationDetail:
+    registry = context.registry(caller)
+    row = await wait_for_invocation(request, registry, invocation_id, wait, agent=_me(caller))
+    return s.InvocationDetail.model_validate(row)

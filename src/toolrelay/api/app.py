@@ -1,0 +1,106 @@
+"""The FastAPI application: /v1 (owners and agents), /approvals, and the in-process worker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
+
+from toolrelay import __version__
+from toolrelay.api import agent_routes, approvals, errors, owner_routes
+from toolrelay.api.context import ApiContext, ApiSettings
+from toolrelay.api.limits import BodySizeLimit
+from toolrelay.api.schemas import ErrorBody
+from toolrelay.dispatch.worker import Worker
+
+log = logging.getLogger("toolrelay.api")
+
+WORKER_STOP_TIMEOUT = 15.0  # seconds; the worker itself gives in-flight calls 10 s
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in (
+        (400, "Malformed request (a body that is not UTF-8 JSON)"),
+        (401, "No token, or one that is unknown, revoked or expired"),
+        (403, "The token may not do this (an agent approving, an unassigned tool)"),
+        (404, "Not found (or not yours)"),
+        (409, "Conflicts with the current state"),
+        (413, "Request body too large"),
+        (422, "Invalid request"),
+        (429, "Rate limited; see Retry-After"),
+        (503, "Database or configuration unavailable"),
+    )
+}
+
+DESCRIPTION = """
+The toolrelay HTTP API. Owners manage tools, credentials, agents and assignments, and decide
+on pending invocations; agents list their tools and invoke them. Authenticate with
+`Authorization: Bearer <token>`. Errors are `{"error": {"code", "message"}}`; see docs/api.md.
+"""
+
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    settings = settings or ApiSettings()
+    context = ApiContext.build(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if not settings.run_worker:
+            yield
+            return
+        worker = Worker(context.db.url, settings.worker, settings.keyring, settings.egress)
+        task = asyncio.create_task(worker.run(), name="toolrelay-worker")
+        task.add_done_callback(_report_worker_exit)
+        log.info("in-process worker started", extra={"action": "worker_start"})
+        try:
+            yield
+        finally:
+            worker.stop()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(task), WORKER_STOP_TIMEOUT)
+            if not task.done():
+                task.cancel()
+
+    app = FastAPI(
+        title="toolrelay",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_url="/openapi.json",
+        docs_url=None,  # Swagger UI and ReDoc load third-party scripts; the schema is enough
+        redoc_url=None,
+        lifespan=lifespan,
+        responses=ERROR_RESPONSES,
+    )
+    app.state.toolrelay = context
+    errors.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(owner_routes.router)
+    app.include_router(agent_routes.router)
+    app.include_router(approvals.router)
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/approvals", status_code=307)
+
+    @app.get("/healthz", tags=["health"], summary="Liveness", responses={})
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def _report_worker_exit(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error(
+            "in-process worker stopped with an error",
+            exc_info=exc,
+            extra={"action": "worker_crash"},
+        )

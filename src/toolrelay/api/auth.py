@@ -1,0 +1,57 @@
+"""Who is calling: bearer tokens (or a JWT) for /v1, checked once per request, rate-limited."""
+
+from __future__ import annotations
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.errors import RateLimited
+from toolrelay.errors import PermissionDenied
+from toolrelay.tokens import Caller, Unauthenticated
+
+bearer = HTTPBearer(
+    auto_error=False,
+    description="An owner or agent token from `toolrelay token create`, or an HS256 JWT "
+    "whose `sub` is the owner (when TOOLRELAY_JWT_SECRET is set).",
+)
+
+
+def authenticate(request: Request, context: ApiContext, token: str | None) -> Caller:
+    """The caller behind ``token``; failures are rate-limited per client address."""
+    client = request.client.host if request.client else "unknown"
+    try:
+        if not token:
+            raise Unauthenticated("no bearer token: send 'Authorization: Bearer <token>'")
+        caller = context.authenticator.authenticate(token)
+    except Unauthenticated:
+        limit(context, f"ip:{client}")
+        raise
+    limit(context, caller.rate_key)
+    return caller
+
+
+def limit(context: ApiContext, key: str) -> None:
+    wait = context.limiter.take(key)
+    if wait > 0:
+        raise RateLimited(f"too many requests; retry in {wait:.1f} s", wait)
+
+
+def any_caller(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+    context: ApiContext = Depends(get_context),
+) -> Caller:
+    return authenticate(request, context, credentials.credentials if credentials else None)
+
+
+def owner_caller(caller: Caller = Depends(any_caller)) -> Caller:
+    if caller.is_agent:
+        raise PermissionDenied("this needs an owner token; an agent token cannot do it")
+    return caller
+
+
+def agent_caller(caller: Caller = Depends(any_caller)) -> Caller:
+    if not caller.is_agent:
+        raise PermissionDenied("this is an agent endpoint; use an agent token")
+    return caller

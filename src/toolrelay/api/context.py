@@ -1,0 +1,69 @@
+"""What every request handler needs, built once per app and kept on ``app.state``."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from toolrelay.api.limits import (
+    DEFAULT_BURST,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_RATE_PER_SECOND,
+    RateLimiter,
+)
+from toolrelay.credentials import CredentialStore, Keyring
+from toolrelay.db import Database
+from toolrelay.dispatch.egress import EgressPolicy
+from toolrelay.dispatch.worker import WorkerSettings
+from toolrelay.registry import Registry
+from toolrelay.tokens import Authenticator, Caller, TokenStore
+
+
+@dataclass
+class ApiSettings:
+    """How to build the app. ``database_url`` None means DATABASE_URL or the embedded server."""
+
+    database_url: str | None = None
+    keyring: Keyring | None = None
+    egress: EgressPolicy | None = None  # the in-process worker's; None: TOOLRELAY_EGRESS_ALLOW
+    jwt_secret: str | None = None
+    run_worker: bool = True
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    rate_per_second: float = DEFAULT_RATE_PER_SECOND
+    rate_burst: int = DEFAULT_BURST
+
+
+@dataclass
+class ApiContext:
+    settings: ApiSettings
+    db: Database
+    authenticator: Authenticator
+    credentials: CredentialStore
+    tokens: TokenStore
+    limiter: RateLimiter
+    csrf_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+
+    @classmethod
+    def build(cls, settings: ApiSettings) -> ApiContext:
+        db = Database(settings.database_url)
+        authenticator = Authenticator(db, settings.jwt_secret)
+        return cls(
+            settings=settings,
+            db=db,
+            authenticator=authenticator,
+            credentials=CredentialStore(db, settings.keyring),
+            tokens=authenticator.tokens,
+            limiter=RateLimiter(settings.rate_per_second, settings.rate_burst),
+        )
+
+    def registry(self, caller: Caller) -> Registry:
+        """The caller's view: every transaction runs as the owner, with the agent's claims."""
+        return Registry(self.db, caller.owner, agent_id=caller.agent_id)
+
+
+def get_context(request: Request) -> ApiContext:
+    context: ApiContext = request.app.state.toolrelay
+    return context

@@ -1,0 +1,66 @@
+"""`toolrelay serve`: the HTTP API and approvals page, with the dispatcher in-process."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from toolrelay import config, logs
+from toolrelay.cli.context import database, err_console, fail
+from toolrelay.credentials import Keyring, keyring_from_env
+from toolrelay.dispatch.egress import EgressPolicy
+from toolrelay.dispatch.worker import WorkerSettings
+from toolrelay.errors import ConfigurationError, ToolrelayError
+from toolrelay.tokens import JWT_SECRET_ENV
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8080, min=0, max=65535, help="Port (0 picks a free one)."),
+    no_worker: bool = typer.Option(
+        False, "--no-worker", help="Do not run the dispatcher in this process."
+    ),
+    concurrency: int = typer.Option(64, min=1, help="The in-process worker's calls in flight."),
+    lease_seconds: float = typer.Option(30.0, min=1, help="The worker's lease length."),
+    proxy_headers: bool = typer.Option(
+        False, help="Trust X-Forwarded-* from 127.0.0.1 (behind a TLS-terminating proxy)."
+    ),
+    log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR."),
+) -> None:
+    """Serve the HTTP API (/v1, OpenAPI at /openapi.json) and the approvals page."""
+    import uvicorn
+
+    from toolrelay.api import ApiSettings, create_app
+
+    logs.configure(log_level)
+    try:
+        db = database()
+        settings = ApiSettings(
+            database_url=db.url,
+            keyring=_keyring(),
+            egress=EgressPolicy.from_env(),
+            jwt_secret=os.environ.get(JWT_SECRET_ENV) or None,
+            run_worker=not no_worker,
+            worker=WorkerSettings(concurrency=concurrency, lease_seconds=lease_seconds),
+        )
+        app = create_app(settings)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        proxy_headers=proxy_headers,
+        server_header=False,
+    )
+
+
+def _keyring() -> Keyring | None:
+    """The master keys; without them credentials cannot be added or used (a warning)."""
+    try:
+        return keyring_from_env(embedded=config.database_url_from_env() is None)
+    except ConfigurationError as exc:
+        err_console.print(f"warning: {exc.message}", markup=False, highlight=False)
+        return None

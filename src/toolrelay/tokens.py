@@ -1,0 +1,234 @@
+"""Bearer tokens for owners and agents, and who a presented token belongs to.
+
+A token is ``trk_`` followed by 32 random bytes (base64url); only its SHA-256 is stored.
+``Authenticator.authenticate(token)`` answers with a ``Caller`` for an API token, or for a
+Supabase-style HS256 JWT when a secret is configured. Every door (the HTTP API, the MCP
+server) turns a ``Caller`` into database identity the same way: ``Registry(db, caller.owner,
+agent_id=caller.agent_id)``, so the SQL functions and row-level security see who acts.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import jwt
+import psycopg
+
+from toolrelay.db import Database, translate_db_error
+from toolrelay.db.connect import Row
+from toolrelay.errors import ConfigurationError, NotFound, ToolrelayError
+
+__all__ = [
+    "JWT_SECRET_ENV",
+    "TOKEN_PREFIX",
+    "Authenticator",
+    "Caller",
+    "TokenInfo",
+    "TokenStore",
+    "Unauthenticated",
+    "hash_token",
+    "new_token",
+]
+
+TOKEN_PREFIX = "trk_"
+TOKEN_BYTES = 32
+JWT_SECRET_ENV = "TOOLRELAY_JWT_SECRET"
+JWT_MIN_SECRET_CHARS = 32
+JWT_LEEWAY = 30  # seconds of clock skew tolerated on exp / nbf
+JWT_ROLE = "authenticated"  # Supabase's role for signed-in users; service_role JWTs are refused
+
+_INFO = "id, owner, agent_id, name, created_at, last_used_at, expires_at, revoked_at"
+
+
+class Unauthenticated(ToolrelayError):
+    """No credentials, or credentials that do not identify anyone (HTTP 401)."""
+
+    code = "unauthenticated"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: an owner, or one of the owner's agents."""
+
+    owner: UUID
+    agent_id: UUID | None = None
+    token_id: UUID | None = None  # None for a JWT
+
+    @property
+    def is_agent(self) -> bool:
+        return self.agent_id is not None
+
+    @property
+    def kind(self) -> str:
+        return "agent" if self.is_agent else "owner"
+
+    @property
+    def rate_key(self) -> str:
+        """What a rate limit counts against: the token, or the JWT's subject."""
+        if self.token_id is not None:
+            return f"token:{self.token_id}"
+        return f"jwt:{self.owner}:{self.agent_id or ''}"
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A token's metadata; the token itself is never stored."""
+
+    id: UUID
+    owner: UUID
+    agent_id: UUID | None
+    name: str | None
+    created_at: datetime
+    last_used_at: datetime | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+    @property
+    def kind(self) -> str:
+        return "agent" if self.agent_id is not None else "owner"
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def hash_token(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+class TokenStore:
+    """Make, list and revoke tokens (as the owner), and look one up (as the dispatcher)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def create(
+        self,
+        owner: UUID,
+        agent_id: UUID | None = None,
+        name: str | None = None,
+        expires_at: datetime | None = None,
+    ) -> tuple[TokenInfo, str]:
+        """A new token for the owner (or one of their agents); returns it once, in clear."""
+        token = new_token()
+        with self._as_owner(owner) as conn:
+            row = conn.execute(
+                "SELECT fn_create_api_token(%s, %s, %s, %s) AS id",
+                (hash_token(token), agent_id, name, expires_at),
+            ).fetchone()
+            assert row is not None
+            info = _one(conn, row["id"])
+        return info, token
+
+    def get(self, owner: UUID, token_id: UUID) -> TokenInfo:
+        with self._as_owner(owner) as conn:
+            return _one(conn, token_id)
+
+    def list(self, owner: UUID) -> builtins.list[TokenInfo]:
+        with self._as_owner(owner) as conn:
+            rows = conn.execute(
+                f"SELECT {_INFO} FROM agents.api_tokens ORDER BY created_at, id"
+            ).fetchall()
+        return [TokenInfo(**row) for row in rows]
+
+    def revoke(self, owner: UUID, token_id: UUID) -> bool:
+        """True when this call revoked it, False when it already was; NotFound otherwise."""
+        with self._as_owner(owner) as conn:
+            row = conn.execute("SELECT fn_revoke_api_token(%s) AS done", (token_id,)).fetchone()
+            assert row is not None
+            return bool(row["done"])
+
+    def lookup(self, token: str) -> Caller | None:
+        """The caller a live token stands for; None when unknown, revoked or expired."""
+        try:
+            with self._db.as_dispatcher() as conn:
+                row = conn.execute(
+                    "SELECT token_id, owner, agent_id FROM agents.authenticate_token(%s)",
+                    (hash_token(token),),
+                ).fetchone()
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+        if row is None:
+            return None
+        return Caller(owner=row["owner"], agent_id=row["agent_id"], token_id=row["token_id"])
+
+    @contextmanager
+    def _as_owner(self, owner: UUID) -> Iterator[psycopg.Connection[Row]]:
+        try:
+            with self._db.as_owner(owner) as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
+
+def _one(conn: psycopg.Connection[Row], token_id: UUID) -> TokenInfo:
+    row = conn.execute(
+        f"SELECT {_INFO} FROM agents.api_tokens WHERE id = %s", (token_id,)
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"token {token_id} not found")
+    return TokenInfo(**row)
+
+
+class Authenticator:
+    """Turns a presented bearer token into a Caller, or raises Unauthenticated."""
+
+    def __init__(self, db: Database, jwt_secret: str | None = None) -> None:
+        if jwt_secret is not None and len(jwt_secret) < JWT_MIN_SECRET_CHARS:
+            raise ConfigurationError(
+                f"{JWT_SECRET_ENV} must be at least {JWT_MIN_SECRET_CHARS} characters"
+            )
+        self.tokens = TokenStore(db)
+        self._jwt_secret = jwt_secret
+
+    def authenticate(self, token: str) -> Caller:
+        token = token.strip()
+        if token.startswith(TOKEN_PREFIX):
+            caller = self.tokens.lookup(token)
+            if caller is None:
+                raise Unauthenticated("the token is unknown, revoked or expired")
+            return caller
+        if token.count(".") == 2:
+            return self._from_jwt(token)
+        raise Unauthenticated(f"not a toolrelay token ({TOKEN_PREFIX}…) or a JWT")
+
+    def _from_jwt(self, token: str) -> Caller:
+        if self._jwt_secret is None:
+            raise Unauthenticated(f"JWTs are not accepted here ({JWT_SECRET_ENV} is not set)")
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                self._jwt_secret,
+                algorithms=["HS256"],
+                options={"require": ["sub", "exp"], "verify_aud": False},
+                leeway=JWT_LEEWAY,
+            )
+        except jwt.PyJWTError as exc:
+            raise Unauthenticated(f"invalid JWT: {exc}") from None
+        if claims.get("role", JWT_ROLE) != JWT_ROLE:
+            raise Unauthenticated(f"a JWT must have role {JWT_ROLE!r}")
+        audience = claims.get("aud", JWT_ROLE)
+        if JWT_ROLE not in (audience if isinstance(audience, list) else [audience]):
+            raise Unauthenticated(f"a JWT's audience must be {JWT_ROLE!r}")
+        return Caller(owner=_claim_uuid(claims, "sub"), agent_id=_optional_uuid(claims))
+
+
+def _claim_uuid(claims: dict[str, Any], name: str) -> UUID:
+    try:
+        return UUID(str(claims[name]))
+    except (KeyError, ValueError):
+        raise Unauthenticated(f"the JWT's {name!r} claim is not a uuid") from None
+
+
+def _optional_uuid(claims: dict[str, Any]) -> UUID | None:
+    if claims.get("agent_id") in (None, ""):
+        return None
+    return _claim_uuid(claims, "agent_id")
