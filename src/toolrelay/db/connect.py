@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -10,6 +12,7 @@ from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
 
 from toolrelay import config
 from toolrelay.db.embedded import embedded_url
@@ -31,14 +34,71 @@ def resolve_database_url() -> str:
     return config.database_url_from_env() or embedded_url(config.home())
 
 
-class Database:
-    """Opens connections to one database; every transaction states who is acting."""
+POOL_MAX = 8  # connections per Database (per process) for owner and dispatcher transactions
+POOL_MAX_IDLE = 60.0  # seconds an idle pooled connection is kept
 
-    def __init__(self, url: str | None = None) -> None:
+
+class _Broken(Exception):
+    """The pooled connection was dead before the transaction did anything: use another."""
+
+
+class Database:
+    """Transactions on one database, each stating who is acting, over a small pool.
+
+    Identity is set per transaction (``set_config(..., true)``), so pooled connections carry
+    no caller's state, and no server-side prepared statements are used: the same code is
+    safe behind PgBouncer in transaction mode.
+    """
+
+    def __init__(self, url: str | None = None, pool_size: int = POOL_MAX) -> None:
         self.url = url or resolve_database_url()
+        self._pool_size = pool_size
+        self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
+        self._lock = threading.Lock()
 
     def connect(self, autocommit: bool = False) -> psycopg.Connection[Row]:
+        """A new connection of its own (not pooled), for callers that manage it."""
         return psycopg.connect(self.url, autocommit=autocommit, row_factory=dict_row)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def _get_pool(self) -> ConnectionPool[psycopg.Connection[Row]]:
+        with self._lock:
+            if self._pool is None:
+                pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
+                    self.url,
+                    min_size=0,
+                    max_size=self._pool_size,
+                    max_idle=POOL_MAX_IDLE,
+                    kwargs={"row_factory": dict_row, "prepare_threshold": None},
+                    open=True,
+                    name="toolrelay",
+                )
+                self._pool = pool
+                weakref.finalize(self, pool.close)
+            return self._pool
+
+    @contextmanager
+    def _transaction(self, role: str, sub: str, claims: str) -> Iterator[psycopg.Connection[Row]]:
+        # A pooled connection may have died (a database restart): the first statement
+        # tells, before anything was done, so one retry on a fresh connection is safe.
+        for attempt in range(2):
+            try:
+                with self._get_pool().connection() as conn:
+                    try:
+                        conn.execute(_SET_IDENTITY, (role, sub, claims))
+                    except psycopg.OperationalError:
+                        if attempt:
+                            raise
+                        raise _Broken() from None
+                    yield conn  # the pool commits on success, rolls back on error
+                    return
+            except _Broken:
+                continue
 
     @contextmanager
     def as_owner(
@@ -48,13 +108,11 @@ class Database:
         claims: dict[str, str] = {"sub": str(owner), "role": OWNER_ROLE}
         if agent_id is not None:
             claims["agent_id"] = str(agent_id)
-        with self.connect() as conn, conn.transaction():
-            conn.execute(_SET_IDENTITY, (OWNER_ROLE, str(owner), json.dumps(claims)))
+        with self._transaction(OWNER_ROLE, str(owner), json.dumps(claims)) as conn:
             yield conn
 
     @contextmanager
     def as_dispatcher(self) -> Iterator[psycopg.Connection[Row]]:
         """A transaction run as role ``service_role``, the only one that reads ciphertext."""
-        with self.connect() as conn, conn.transaction():
-            conn.execute(_SET_IDENTITY, (DISPATCHER_ROLE, "", ""))
+        with self._transaction(DISPATCHER_ROLE, "", "") as conn:
             yield conn

@@ -57,7 +57,6 @@ def open_pool(
         kwargs=kwargs,
         configure=_check_pooler_role if pooler else _as_dispatcher,
         open=False,
-        check=AsyncConnectionPool.check_connection,
     )
 
 
