@@ -17,6 +17,7 @@ from toolrelay.api.context import ApiContext, ApiSettings
 from toolrelay.api.limits import BodySizeLimit
 from toolrelay.api.schemas import ErrorBody
 from toolrelay.dispatch.worker import Worker
+from toolrelay.mcp.http import mount_mcp
 
 log = logging.getLogger("toolrelay.api")
 
@@ -82,6 +83,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(owner_routes.router)
     app.include_router(agent_routes.router)
     app.include_router(approvals.router)
+    mount_mcp(app)  # MCP over streamable HTTP at /mcp (docs/mcp.md)
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

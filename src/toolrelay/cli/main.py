@@ -1,4 +1,4 @@
-"""The `toolrelay` command."""
+"""The `toolrelay` command: one sub-command or group per concern, each in its own module."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import typer
 
 from toolrelay.cli import agents
 from toolrelay.cli.agents import agent_app, invocations_app
+from toolrelay.cli.chaos import chaos
 from toolrelay.cli.context import console, fail
+from toolrelay.cli.credentials import credential_app
 from toolrelay.cli.demo import demo
+from toolrelay.cli.interop import export_app, import_app
+from toolrelay.cli.mcp import mcp
 from toolrelay.cli.prune import prune
 from toolrelay.cli.serve import serve
 from toolrelay.cli.tokens import token_app
@@ -21,16 +25,30 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(tool_app, name="tool")
-app.add_typer(agent_app, name="agent")
-app.add_typer(invocations_app, name="invocations")
-app.add_typer(token_app, name="token")
-for command in (agents.assign, agents.revoke, agents.invoke, agents.approve, agents.reject):
+for name, group in (
+    ("tool", tool_app),
+    ("agent", agent_app),
+    ("credential", credential_app),
+    ("invocations", invocations_app),
+    ("token", token_app),
+    ("export", export_app),
+    ("import", import_app),
+):
+    app.add_typer(group, name=name)
+for command in (
+    agents.assign,
+    agents.revoke,
+    agents.invoke,
+    agents.approve,
+    agents.reject,
+    worker,
+    serve,
+    mcp,
+    demo,
+    prune,
+    chaos,
+):
     app.command()(command)
-app.command()(worker)
-app.command()(demo)
-app.command()(serve)
-app.command()(prune)
 
 
 @app.command("migrate")
@@ -43,19 +61,3 @@ def migrate_() -> None:
     console.print(
         f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else "")
     )
-
-
-def _register_optional() -> None:
-    """Sub-commands whose modules may import heavier dependencies."""
-    try:
-        from toolrelay.cli.credentials import credential_app
-    except ImportError:  # pragma: no cover - only while the package is being assembled
-        return
-    app.add_typer(credential_app, name="credential")
-
-
-_register_optional()
-
-from toolrelay.cli.chaos import chaos  # noqa: E402  (the chaos command, docs/reliability.md)
-
-app.command()(chaos)

@@ -7,7 +7,7 @@ uuid as ``auth.uid()``), so row-level security applies to everything it does.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -101,6 +101,41 @@ class Registry:
                 row = self._update_columns(conn, row["id"], extras)
             check_tool(row)
             return row
+
+    def register_tools(self, specs: Sequence[ToolSpec]) -> list[Row]:
+        """Create or update (by key) several tools in one transaction: all or none.
+
+        An error names the tool it is about; nothing is written then.
+        """
+        keys = [spec.key for spec in specs]
+        duplicates = sorted({key for key in keys if keys.count(key) > 1})
+        if duplicates:
+            raise InvalidArgument(f"tool key(s) {duplicates} appear more than once")
+        rows: list[Row] = []
+        with self._tx() as conn:
+            for spec in specs:
+                try:
+                    with conn.transaction():  # a savepoint, so the error can name the tool
+                        rows.append(self._register(conn, spec))
+                except psycopg.Error as exc:
+                    error = translate_db_error(exc)
+                    raise type(error)(f"tool {spec.key}: {error.message}") from None
+                except ToolrelayError as exc:
+                    message = exc.message
+                    if not message.startswith(f"tool {spec.key}"):
+                        message = f"tool {spec.key}: {message}"
+                    raise type(exc)(message) from None
+        return rows
+
+    def _register(self, conn: psycopg.Connection[Row], spec: ToolSpec) -> Row:
+        params = {k: _adapt(k, v) for k, v in spec.as_dict().items()}
+        row = conn.execute(_REGISTER_SQL, params).fetchone()
+        assert row is not None
+        extras = {c: getattr(spec, c) for c in EXTRA_COLUMNS if getattr(spec, c) is not None}
+        if extras:
+            row = self._update_columns(conn, row["id"], extras)
+        check_tool(row)
+        return row
 
     def update_tool(self, key_or_id: str, changes: Mapping[str, Any]) -> Row:
         unknown = sorted(set(changes) - set(UPDATABLE_COLUMNS))

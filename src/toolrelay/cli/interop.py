@@ -1,0 +1,98 @@
+"""`toolrelay export openai` and `toolrelay import openapi` (docs/interop.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from uuid import UUID
+
+import psycopg
+import typer
+import yaml
+
+from toolrelay.cli.context import database, err_console, fail, owner_id
+from toolrelay.errors import ConfigurationError, InvalidArgument, ToolrelayError
+from toolrelay.export.openai import openai_tools
+from toolrelay.export.openapi import load_openapi, tools_from_openapi
+from toolrelay.registry import Registry
+
+export_app = typer.Typer(help="Export tools for other agent frameworks.", no_args_is_help=True)
+import_app = typer.Typer(help="Import tools from API descriptions.", no_args_is_help=True)
+
+
+def _registry() -> Registry:
+    return Registry(database(), owner_id())
+
+
+def _note(text: str) -> None:
+    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+@export_app.command("openai")
+def export_openai(
+    agent: str = typer.Option(..., "--agent", help="The agent (name or id) whose tools to export."),
+) -> None:
+    """Print the agent's tools as OpenAI function-calling definitions (JSON, '.' → '__')."""
+    try:
+        rows = _registry().agent_tools(agent)
+        tools = openai_tools(rows)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    except psycopg.Error as exc:
+        raise fail(database_error(exc)) from None
+    typer.echo(json.dumps(tools, indent=2, ensure_ascii=False))
+
+
+@import_app.command("openapi")
+def import_openapi(
+    file: Path = typer.Argument(..., help="An OpenAPI 3.x document, YAML or JSON."),
+    credential: str | None = typer.Option(
+        None, "--credential", help="Credential uuid for the tools whose API needs one."
+    ),
+    prefix: str = typer.Option("", "--prefix", help="Put before every tool key, e.g. 'petstore.'."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the tools as a `tool apply` file; write nothing."
+    ),
+) -> None:
+    """Create or update (by key) one tool per operation, all in one transaction."""
+    try:
+        credential_ref = _credential(credential)
+        doc = load_openapi(file)
+        try:
+            plan = tools_from_openapi(doc, credential_ref=credential_ref, key_prefix=prefix)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{file}: {exc.message}") from None
+        for line in plan.skipped:
+            _note(f"skipped {line}")
+        for line in plan.warnings:
+            _note(f"warning: {line}")
+        if dry_run:
+            tools = [
+                {k: (str(v) if isinstance(v, UUID) else v) for k, v in spec.as_dict().items()
+                 if v is not None}
+                for spec in plan.tools
+            ]  # fmt: skip
+            typer.echo(yaml.safe_dump({"tools": tools}, sort_keys=False, allow_unicode=True))
+            return
+        rows = _registry().register_tools(plan.tools)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    except psycopg.Error as exc:
+        raise fail(database_error(exc)) from None
+    for row in rows:
+        typer.echo(f"imported {row['key']} ({row['http_method']} {row['endpoint_url']})")
+
+
+def database_error(exc: psycopg.Error) -> ToolrelayError:
+    """A database that cannot be reached, in one line."""
+    first = (str(exc).strip().splitlines() or ["unknown error"])[0]
+    return ConfigurationError(f"cannot reach the database: {first}")
+
+
+def _credential(value: str | None) -> UUID | None:
+    if value is None:
+        return None
+    try:
+        return UUID(value)
+    except ValueError:
+        raise InvalidArgument(f"--credential is not a credential uuid: {value!r}") from None

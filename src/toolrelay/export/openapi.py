@@ -1,0 +1,726 @@
+"""OpenAPI 3.x operations as toolrelay tools (``toolrelay import openapi``).
+
+Each operation becomes one tool (docs/interop.md has the full mapping):
+
+- key: ``operationId`` (or ``<method>_<path slug>``), after the optional key prefix;
+  name: ``summary``; description: ``description`` (else the summary); category: first tag.
+- endpoint_url: the first server URL (operation, path or document level, variables at their
+  defaults) + the path, each ``{param}`` a ``{{input.<param>}}`` placeholder.
+- query and header parameters: ``request_template.query`` / ``.headers`` members holding
+  whole-value placeholders, so optional ones left out of the input are omitted.
+- a JSON request body whose schema is an object with properties: its properties become
+  top-level input members (read-only ones left out) and ``request_template.body`` is built
+  from them; any other JSON body is the input member ``body``.
+- schema_input: every parameter and body member, with ``required``, and
+  ``additionalProperties: false``; referenced component schemas go under ``$defs``.
+  OpenAPI 3.0's ``nullable`` and boolean ``exclusiveMinimum``/``exclusiveMaximum`` become
+  JSON Schema 2020-12. schema_output: the first 2xx JSON response's schema.
+- egress_class ``write`` for any method but GET and for ``x-openai-isConsequential: true``,
+  else ``read_only``.
+- security: the first requirement toolrelay can place: an apiKey in a header or the query,
+  HTTP bearer (``Authorization``, prefix ``Bearer ``), or OAuth 2 / OpenID Connect (auth
+  method ``oauth``, bearer too); an empty requirement means none.
+
+A document that is broken (not OpenAPI 3.x, a ``$ref`` that does not resolve, no absolute
+server URL, two operations with the same key, ...) is refused as a whole with one error.
+Operations toolrelay cannot express (a non-JSON body, a cookie parameter, an array in the
+query, HEAD/OPTIONS/TRACE, a security scheme it cannot place) are skipped, each with the
+reason, and optional parameters it cannot express are dropped with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+from uuid import UUID
+
+import yaml
+
+from toolrelay.dispatch.template import validate_template
+from toolrelay.errors import InvalidArgument, TemplateError
+from toolrelay.registry.models import ToolSpec
+from toolrelay.registry.validation import check_json_schema
+
+__all__ = ["ImportPlan", "load_openapi", "tools_from_openapi"]
+
+METHODS: Final = ("get", "put", "post", "delete", "patch")
+UNSUPPORTED_METHODS: Final = ("head", "options", "trace")
+KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+IDENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+IGNORED_HEADERS: Final = frozenset({"accept", "content-type", "authorization"})
+FORBIDDEN_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+BODY_MEMBER: Final = "body"
+MAX_REF_DEPTH: Final = 64
+
+# JSON Schema keywords whose value is a schema, a list of schemas, or a map of schemas.
+_SCHEMA_KEYS: Final = frozenset(
+    {
+        "items",
+        "additionalProperties",
+        "not",
+        "contains",
+        "if",
+        "then",
+        "else",
+        "propertyNames",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "additionalItems",
+        "contentSchema",
+    }
+)
+_SCHEMA_LIST_KEYS: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SCHEMA_MAP_KEYS: Final = frozenset(
+    {"properties", "patternProperties", "dependentSchemas", "$defs", "definitions"}
+)
+_OPENAPI_ONLY: Final = frozenset({"nullable", "discriminator", "xml", "externalDocs", "example"})
+
+
+@dataclass
+class ImportPlan:
+    """What an OpenAPI document gives: the tools, and what could not be imported."""
+
+    tools: list[ToolSpec] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "<METHOD> <path>: <why>"
+    warnings: list[str] = field(default_factory=list)
+
+
+class _Skip(Exception):
+    """This operation cannot be expressed as a tool; the message says why."""
+
+
+def load_openapi(path: Path) -> dict[str, Any]:
+    """Read a YAML or JSON OpenAPI 3.x document; one clear error when it is not one."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"{path}: cannot read: {exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InvalidArgument(f"{path}: not valid YAML or JSON{where}: {problem}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"{path}: not an OpenAPI document (expected a mapping at the top)")
+    return doc
+
+
+def tools_from_openapi(
+    doc: Mapping[str, Any],
+    *,
+    credential_ref: UUID | None = None,
+    key_prefix: str = "",
+) -> ImportPlan:
+    """The tools an OpenAPI 3.x document describes; raises InvalidArgument if it is broken."""
+    version = doc.get("openapi")
+    if "swagger" in doc:
+        raise InvalidArgument("Swagger 2.0 is not supported: convert the document to OpenAPI 3")
+    if not isinstance(version, str) or not version.startswith("3."):
+        raise InvalidArgument(f"not an OpenAPI 3.x document (openapi: {version!r})")
+    paths = doc.get("paths")
+    if not isinstance(paths, Mapping) or not paths:
+        raise InvalidArgument("the document has no paths")
+    importer = _Importer(doc, credential_ref, key_prefix)
+    plan = ImportPlan()
+    seen: dict[str, str] = {}
+    for path, method, where in importer.operations(paths):
+        try:
+            spec, warnings = importer.tool(path, method)
+        except _Skip as exc:
+            plan.skipped.append(f"{where}: {exc}")
+            continue
+        if spec.key in seen:
+            raise InvalidArgument(f"{where}: tool key {spec.key!r} is also {seen[spec.key]}'s")
+        seen[spec.key] = where
+        _check(spec, where)
+        plan.tools.append(spec)
+        plan.warnings.extend(f"{where}: {w}" for w in warnings)
+    if not plan.tools:
+        reasons = "; ".join(plan.skipped) or "no operations"
+        raise InvalidArgument(f"the document has no operation toolrelay can import ({reasons})")
+    return plan
+
+
+# --- references and schemas ---------------------------------------------------------------
+
+
+def _pointer(doc: Mapping[str, Any], ref: str) -> Any:
+    if not ref.startswith("#/"):
+        raise InvalidArgument(f"$ref {ref!r}: only local references ('#/...') are supported")
+    node: Any = doc
+    for raw in ref[2:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise InvalidArgument(f"$ref {ref!r} does not resolve")
+    return node
+
+
+def _deref(doc: Mapping[str, Any], node: Any) -> Any:
+    """Follow ``$ref`` chains (parameters, bodies, responses, schemes, schemas)."""
+    seen: list[str] = []
+    while isinstance(node, Mapping) and isinstance(node.get("$ref"), str):
+        ref = node["$ref"]
+        if ref in seen or len(seen) > MAX_REF_DEPTH:
+            raise InvalidArgument(f"$ref {ref!r} refers to itself")
+        seen.append(ref)
+        node = _pointer(doc, ref)
+    return node
+
+
+class _Schemas:
+    """Converts OpenAPI schemas to JSON Schema 2020-12, collecting components under $defs."""
+
+    PREFIX: Final = "#/components/schemas/"
+
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        self.doc = doc
+        self.defs: dict[str, Any] = {}
+
+    def convert(self, schema: Any, depth: int = 0) -> Any:
+        if depth > MAX_REF_DEPTH * 4:
+            raise InvalidArgument("a schema is nested too deeply")
+        if isinstance(schema, bool):
+            return schema
+        if not isinstance(schema, Mapping):
+            raise InvalidArgument(f"a schema must be an object, got {json.dumps(schema)[:60]}")
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            if ref.startswith(self.PREFIX):
+                name = ref[len(self.PREFIX) :].replace("~1", "/").replace("~0", "~")
+                if name not in self.defs:
+                    self.defs[name] = True  # a placeholder while converting: cycles end here
+                    self.defs[name] = self.convert(_pointer(self.doc, ref), depth + 1)
+                escaped = name.replace("~", "~0").replace("/", "~1")
+                return {"$ref": f"#/$defs/{escaped}"}
+            return self.convert(_deref(self.doc, schema), depth + 1)
+        out: dict[str, Any] = {}
+        for key, value in schema.items():
+            if key in _OPENAPI_ONLY:
+                continue
+            if key in _SCHEMA_MAP_KEYS and isinstance(value, Mapping):
+                out[key] = {k: self.convert(v, depth + 1) for k, v in value.items()}
+            elif key in _SCHEMA_LIST_KEYS and isinstance(value, list):
+                out[key] = [self.convert(v, depth + 1) for v in value]
+            elif key in _SCHEMA_KEYS and isinstance(value, Mapping | bool):
+                out[key] = self.convert(value, depth + 1)
+            elif key == "items" and isinstance(value, list):  # draft-04 tuples
+                out["prefixItems"] = [self.convert(v, depth + 1) for v in value]
+            else:
+                out[key] = value
+        _openapi_30_keywords(schema, out)
+        return out
+
+    def top_level(self, schema: Any) -> Any:
+        """A root that is only a ``$ref`` or an ``allOf`` of plain objects, spelled out as one
+        object schema (so its ``properties`` show at the root, where MCP clients look)."""
+        schema = self._target(schema)
+        if not isinstance(schema, dict) or set(schema) - {"allOf", "description", "title"}:
+            return schema
+        parts = [self._target(part) for part in schema.get("allOf") or []]
+        plain = {"type", "properties", "required", "description", "title"}
+        if not parts or not all(
+            isinstance(p, dict) and p.get("type", "object") == "object" and not set(p) - plain
+            for p in parts
+        ):
+            return schema
+        merged: dict[str, Any] = {"type": "object", "properties": {}}
+        required: list[str] = []
+        for part in parts:
+            merged["properties"] |= part.get("properties") or {}
+            required += [r for r in part.get("required") or [] if r not in required]
+        if required:
+            merged["required"] = required
+        for key in ("title", "description"):
+            if key in schema:
+                merged[key] = schema[key]
+        return merged
+
+    def _target(self, schema: Any) -> Any:
+        """The $defs entry a bare ``{"$ref": "#/$defs/X"}`` points at, else the schema."""
+        if isinstance(schema, dict) and set(schema) == {"$ref"}:
+            ref = schema["$ref"]
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                name = ref[len("#/$defs/") :].replace("~1", "/").replace("~0", "~")
+                target = self.defs.get(name)
+                if isinstance(target, dict):
+                    return dict(target)
+        return schema
+
+    def with_defs(self, schema: dict[str, Any]) -> dict[str, Any]:
+        """The schema with the component schemas it still refers to under ``$defs``."""
+        used: set[str] = set()
+        pending = list(_refs(schema))
+        while pending:
+            name = pending.pop()
+            if name not in used and name in self.defs:
+                used.add(name)
+                pending.extend(_refs(self.defs[name]))
+        if used:
+            schema["$defs"] = {name: self.defs[name] for name in sorted(used)}
+        return schema
+
+
+def _refs(node: Any) -> Iterator[str]:
+    """The names of the ``#/$defs/...`` entries a converted schema refers to."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            yield ref[len("#/$defs/") :].replace("~1", "/").replace("~0", "~")
+        for value in node.values():
+            yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+def _openapi_30_keywords(schema: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """``nullable``, ``example`` and boolean exclusive bounds, as JSON Schema 2020-12 says."""
+    if schema.get("nullable") is True:
+        kind = out.get("type")
+        if isinstance(kind, str) and kind != "null":
+            out["type"] = [kind, "null"]
+        elif isinstance(kind, list) and "null" not in kind:
+            out["type"] = [*kind, "null"]
+        if isinstance(out.get("enum"), list) and None not in out["enum"]:
+            out["enum"] = [*out["enum"], None]
+    if "example" in schema and "examples" not in out:
+        out["examples"] = [schema["example"]]
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if out.get(exclusive) is True and bound in out:
+            out[exclusive] = out.pop(bound)
+        elif isinstance(out.get(exclusive), bool):
+            del out[exclusive]
+
+
+def _is_json(media_type: str) -> bool:
+    base = media_type.split(";", 1)[0].strip().lower()
+    return base == "application/json" or base.endswith("+json")
+
+
+def _input_name(name: str) -> str:
+    """A template-safe input member name for a parameter (``filter[id]`` → ``filter_id_``)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", name)
+    return cleaned if IDENT.fullmatch(cleaned) else f"_{cleaned}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
+
+
+# --- operations ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Auth:
+    method: str = "none"
+    placement: str | None = None
+    name: str | None = None
+    prefix: str | None = None
+
+
+@dataclass
+class _Input:
+    """The schema_input being built and the request template members that use it."""
+
+    properties: dict[str, Any] = field(default_factory=dict)
+    required: list[str] = field(default_factory=list)
+    origin: dict[str, str] = field(default_factory=dict)  # input member -> what it came from
+    query: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    body: Any = None
+    warnings: list[str] = field(default_factory=list)
+
+    def add(self, member: str, schema: Any, required: bool, origin: str) -> None:
+        if member in self.properties:
+            raise InvalidArgument(
+                f"{origin} and {self.origin[member]} both become the input member {member!r}"
+            )
+        self.properties[member] = schema
+        self.origin[member] = origin
+        if required:
+            self.required.append(member)
+
+
+class _Importer:
+    def __init__(self, doc: Mapping[str, Any], credential_ref: UUID | None, prefix: str) -> None:
+        self.doc = doc
+        self.credential_ref = credential_ref
+        self.prefix = prefix
+
+    def operations(self, paths: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
+        for path, item in paths.items():
+            if not isinstance(path, str) or not path.startswith("/"):
+                raise InvalidArgument(f"paths: {path!r} does not start with '/'")
+            item = _deref(self.doc, item)
+            if not isinstance(item, Mapping):
+                raise InvalidArgument(f"paths.{path}: must be an object")
+            for method in (*METHODS, *UNSUPPORTED_METHODS):
+                if method in item:
+                    yield path, method, f"{method.upper()} {path}"
+
+    def _item(self, path: str) -> Mapping[str, Any]:
+        item: Mapping[str, Any] = _deref(self.doc, self.doc["paths"][path])
+        return item
+
+    def tool(self, path: str, method: str) -> tuple[ToolSpec, list[str]]:
+        where = f"{method.upper()} {path}"
+        item = self._item(path)
+        op = _deref(self.doc, item[method])
+        if not isinstance(op, Mapping):
+            raise InvalidArgument(f"{where}: the operation must be an object")
+        if method in UNSUPPORTED_METHODS:
+            raise _Skip(
+                f"toolrelay sends GET, POST, PUT, PATCH and DELETE only, not {method.upper()}"
+            )
+        try:
+            return self._tool(path, method, item, op)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{where}: {exc.message}") from None
+
+    def _tool(
+        self, path: str, method: str, item: Mapping[str, Any], op: Mapping[str, Any]
+    ) -> tuple[ToolSpec, list[str]]:
+        schemas = _Schemas(self.doc)
+        auth = self._auth(op)
+        inputs = _Input()
+        url_path = self._parameters(path, item, op, schemas, inputs, auth)
+        self._body(op, schemas, inputs)
+        egress = (
+            "write"
+            if method != "get" or op.get("x-openai-isConsequential") is True
+            else "read_only"
+        )
+        schema_input: dict[str, Any] = {
+            "type": "object",
+            "properties": inputs.properties,
+            "additionalProperties": False,
+        }
+        if inputs.required:
+            schema_input["required"] = inputs.required
+        template: dict[str, Any] = {}
+        if inputs.query:
+            template["query"] = inputs.query
+        if inputs.headers:
+            template["headers"] = inputs.headers
+        if inputs.body is not None:
+            template["body"] = inputs.body
+        summary = _text(op.get("summary"))
+        description = _text(op.get("description")) or summary
+        tags = op.get("tags")
+        category = tags[0] if isinstance(tags, list) and tags and isinstance(tags[0], str) else None
+        key = self._key(path, method, op)
+        spec = ToolSpec(
+            key=key,
+            name=summary or _text(op.get("operationId")) or f"{method.upper()} {path}",
+            description=description,
+            category=category or "general",
+            schema_input=schemas.with_defs(schema_input),
+            schema_output=self._output(op),
+            auth_method=auth.method,
+            requires_approval=egress == "write",
+            endpoint_url=self._server(item, op) + url_path,
+            http_method=method.upper(),
+            request_template=template,
+            auth_placement=auth.placement,
+            auth_param_name=auth.name,
+            auth_param_prefix=auth.prefix,
+            credential_ref=self.credential_ref if auth.method != "none" else None,
+            egress_class=egress,
+        )
+        return spec, inputs.warnings
+
+    def _key(self, path: str, method: str, op: Mapping[str, Any]) -> str:
+        operation_id = op.get("operationId")
+        if isinstance(operation_id, str) and operation_id.strip():
+            base = re.sub(r"[^A-Za-z0-9_.-]", "_", operation_id.strip())
+        else:
+            base = "_".join(filter(None, [method, _slug(path.replace("{", "").replace("}", ""))]))
+        key = f"{self.prefix}{base}"
+        if not KEY_PATTERN.fullmatch(key):
+            raise InvalidArgument(
+                f"tool key {key!r} is not valid (a letter or digit, then letters, digits,"
+                " '_', '.' or '-', at most 128 characters)"
+            )
+        return key
+
+    def _server(self, item: Mapping[str, Any], op: Mapping[str, Any]) -> str:
+        for holder in (op, item, self.doc):
+            servers = holder.get("servers")
+            if isinstance(servers, list) and servers:
+                break
+        else:
+            raise InvalidArgument("no servers: toolrelay needs an absolute server URL")
+        server = servers[0]
+        if not isinstance(server, Mapping) or not isinstance(server.get("url"), str):
+            raise InvalidArgument("servers[0] has no url")
+        url: str = server["url"]
+        variables = server.get("variables") or {}
+
+        def default(match: re.Match[str]) -> str:
+            variable = variables.get(match.group(1)) if isinstance(variables, Mapping) else None
+            if not isinstance(variable, Mapping) or "default" not in variable:
+                raise InvalidArgument(f"server variable {match.group(1)!r} has no default")
+            return str(variable["default"])
+
+        url = re.sub(r"\{([^{}]+)\}", default, url)
+        if not re.match(r"https?://[^/?#]+", url, re.IGNORECASE):
+            raise InvalidArgument(
+                f"the server URL {url!r} is not an absolute http(s) URL; edit servers[0].url"
+            )
+        return url.rstrip("/")
+
+    def _auth(self, op: Mapping[str, Any]) -> _Auth:
+        requirements = op.get("security", self.doc.get("security"))
+        if not requirements:
+            return _Auth()
+        if not isinstance(requirements, list):
+            raise InvalidArgument("security must be a list of requirements")
+        schemes = (self.doc.get("components") or {}).get("securitySchemes") or {}
+        names: list[str] = []
+        for requirement in requirements:
+            if not isinstance(requirement, Mapping):
+                raise InvalidArgument("each security requirement must be an object")
+            if not requirement:
+                return _Auth()  # security is optional here
+            for name in requirement:
+                if name not in schemes:
+                    raise InvalidArgument(f"security scheme {name!r} is not defined")
+            names.append(" + ".join(requirement))
+            if len(requirement) == 1:
+                (name,) = requirement
+                auth = _placeable(_deref(self.doc, schemes[name]))
+                if auth is not None:
+                    return auth
+        raise _Skip(
+            f"its security ({' or '.join(names)}) needs a scheme toolrelay cannot place"
+            " (HTTP basic, an apiKey in a cookie, or several schemes at once)"
+        )
+
+    def _parameters(
+        self,
+        path: str,
+        item: Mapping[str, Any],
+        op: Mapping[str, Any],
+        schemas: _Schemas,
+        inputs: _Input,
+        auth: _Auth,
+    ) -> str:
+        """Fill ``inputs`` from the parameters; return the path with its placeholders."""
+        merged: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for source in (item.get("parameters") or [], op.get("parameters") or []):
+            if not isinstance(source, list):
+                raise InvalidArgument("parameters must be a list")
+            for raw in source:
+                param = _deref(self.doc, raw)
+                if not isinstance(param, Mapping) or not isinstance(param.get("name"), str):
+                    raise InvalidArgument("a parameter has no name")
+                if param.get("in") not in ("path", "query", "header", "cookie"):
+                    raise InvalidArgument(
+                        f"parameter {param['name']!r}: 'in' must be path, query, header or cookie"
+                    )
+                merged[(param["name"], param["in"])] = param  # the operation's win
+        url_path = path
+        declared = set(re.findall(r"\{([^{}]+)\}", path))
+        for (name, where), param in merged.items():
+            origin = f"{where} parameter {name!r}"
+            required = where == "path" or param.get("required") is True
+            if where == "header" and name.lower() in IGNORED_HEADERS:
+                continue  # OpenAPI: such header parameters are ignored
+            raw = self._raw_parameter_schema(param)
+            problem = self._inexpressible(name, where, raw, auth)
+            if problem is not None:
+                if required:
+                    raise _Skip(f"{origin} {problem}")
+                inputs.warnings.append(f"optional {origin} dropped: it {problem}")
+                continue
+            member = _input_name(name)
+            inputs.add(member, self._parameter_schema(param, raw, schemas), required, origin)
+            placeholder = "{{input." + member + "}}"
+            if where == "path":
+                if name not in declared:
+                    raise InvalidArgument(f"{origin} is not in the path")
+                url_path = url_path.replace("{" + name + "}", placeholder)
+            elif where == "query":
+                inputs.query[name] = placeholder
+            else:
+                inputs.headers[name] = placeholder
+        missing = declared - {name for name, where in merged if where == "path"}
+        if missing:
+            raise InvalidArgument(f"path parameter(s) {sorted(missing)} are not declared")
+        return url_path
+
+    def _raw_parameter_schema(self, param: Mapping[str, Any]) -> Any:
+        raw = param.get("schema")
+        content = param.get("content")
+        if raw is None and isinstance(content, Mapping) and content:
+            media = _deref(self.doc, next(iter(content.values())))
+            raw = media.get("schema") if isinstance(media, Mapping) else None
+        return raw
+
+    def _parameter_schema(self, param: Mapping[str, Any], raw: Any, schemas: _Schemas) -> Any:
+        schema = schemas.convert(raw) if raw is not None else {"type": "string"}
+        if isinstance(schema, dict):
+            schema = dict(schema)
+            description = _text(param.get("description"))
+            if description and "description" not in schema:
+                schema["description"] = description
+        return schema
+
+    def _inexpressible(self, name: str, where: str, raw: Any, auth: _Auth) -> str | None:
+        """Why a parameter cannot be sent by a request template, or None when it can."""
+        if where == "cookie":
+            return "is a cookie (toolrelay does not send cookies)"
+        if where in ("query", "header") and _structured(_deref(self.doc, raw)):
+            return f"is an array or object (a {where} value must be a string, number or boolean)"
+        if where == "header" and name.lower() in FORBIDDEN_HEADERS:
+            return "is a header the HTTP client sets"
+        if (
+            auth.method != "none"
+            and auth.placement == where
+            and (auth.name or "").lower() == (name.lower())
+        ):
+            return "carries the credential (toolrelay places it)"
+        return None
+
+    def _body(self, op: Mapping[str, Any], schemas: _Schemas, inputs: _Input) -> None:
+        body = _deref(self.doc, op.get("requestBody"))
+        if body is None:
+            return
+        if not isinstance(body, Mapping) or not isinstance(body.get("content"), Mapping):
+            raise InvalidArgument("requestBody has no content")
+        content = body["content"]
+        json_types = [t for t in content if isinstance(t, str) and _is_json(t)]
+        if not json_types:
+            raise _Skip(f"its request body is {', '.join(map(str, content))}, not JSON")
+        media = _deref(self.doc, content[json_types[0]])
+        raw = media.get("schema") if isinstance(media, Mapping) else None
+        required = body.get("required") is True
+        flat = self._flat_body(raw, schemas, inputs) if raw is not None else None
+        if flat is None:
+            schema = schemas.top_level(schemas.convert(raw)) if raw is not None else {}
+            inputs.add(BODY_MEMBER, schema, required, "the request body")
+            inputs.body = "{{input." + BODY_MEMBER + "}}"
+            return
+        properties, members = flat
+        inputs.body = {}
+        for name, schema in properties.items():
+            inputs.add(name, schema, required and name in members, f"body property {name!r}")
+            inputs.body[name] = "{{input." + name + "}}"
+
+    def _flat_body(
+        self, raw: Any, schemas: _Schemas, inputs: _Input
+    ) -> tuple[dict[str, Any], set[str]] | None:
+        """An object body's properties and required names, when they can be input members."""
+        parts = _object_parts(self.doc, raw)
+        if parts is None:
+            return None
+        properties, required = parts
+        kept = {
+            name: schema
+            for name, schema in properties.items()
+            if not (isinstance(d := _deref(self.doc, schema), Mapping) and d.get("readOnly"))
+        }
+        if not kept or any(not IDENT.fullmatch(name) or name in inputs.properties for name in kept):
+            return None
+        converted = {name: schemas.convert(schema) for name, schema in kept.items()}
+        return converted, required & set(kept)
+
+    def _output(self, op: Mapping[str, Any]) -> dict[str, Any]:
+        responses = op.get("responses")
+        if not isinstance(responses, Mapping):
+            return {}
+        for code in sorted(str(c) for c in responses):
+            if not (code.startswith("2") and len(code) == 3):
+                continue
+            response = _deref(self.doc, responses.get(code, responses.get(_int(code))))
+            content = response.get("content") if isinstance(response, Mapping) else None
+            if not isinstance(content, Mapping):
+                continue
+            for media_type, media in content.items():
+                media = _deref(self.doc, media)
+                if _is_json(str(media_type)) and isinstance(media, Mapping) and "schema" in media:
+                    schemas = _Schemas(self.doc)
+                    converted = schemas.top_level(schemas.convert(media["schema"]))
+                    if not isinstance(converted, dict):
+                        return {}
+                    return schemas.with_defs(converted)
+        return {}
+
+
+def _check(spec: ToolSpec, where: str) -> None:
+    """The checks registering makes, before anything is written (the error names where)."""
+    try:
+        check_json_schema("schema_input", spec.schema_input)
+        check_json_schema("schema_output", spec.schema_output)
+        validate_template(
+            spec.endpoint_url,
+            spec.http_method or "POST",
+            spec.request_template or {},
+            spec.auth_placement or "header",
+            spec.auth_param_name or "Authorization",
+        )
+    except (InvalidArgument, TemplateError) as exc:
+        raise InvalidArgument(f"{where} (tool {spec.key}): {exc.message}") from None
+
+
+def _int(code: str) -> int | str:
+    return int(code) if code.isdigit() else code
+
+
+def _text(value: Any) -> str | None:
+    return value.strip() or None if isinstance(value, str) else None
+
+
+def _structured(schema: Any) -> bool:
+    if not isinstance(schema, Mapping):
+        return False
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    return bool({"array", "object"} & set(kinds)) or "items" in schema or "properties" in schema
+
+
+def _object_parts(doc: Mapping[str, Any], raw: Any) -> tuple[dict[str, Any], set[str]] | None:
+    """Properties and required names of an object schema (``allOf`` of objects merged)."""
+    schema = _deref(doc, raw)
+    if not isinstance(schema, Mapping) or any(k in schema for k in ("oneOf", "anyOf", "not")):
+        return None
+    if schema.get("type", "object") != "object" or schema.get("nullable") is True:
+        return None
+    properties: dict[str, Any] = dict(schema.get("properties") or {})
+    required = {r for r in schema.get("required") or [] if isinstance(r, str)}
+    for part in schema.get("allOf") or []:
+        parts = _object_parts(doc, part)
+        if parts is None:
+            return None
+        properties |= parts[0]
+        required |= parts[1]
+    return (properties, required) if properties else None
+
+
+def _placeable(scheme: Any) -> _Auth | None:
+    """How toolrelay places a credential for this security scheme, or None if it cannot."""
+    if not isinstance(scheme, Mapping):
+        raise InvalidArgument("a security scheme must be an object")
+    kind = scheme.get("type")
+    if kind == "apiKey":
+        where, name = scheme.get("in"), scheme.get("name")
+        if where in ("header", "query") and isinstance(name, str) and name:
+            return _Auth("api_key", where, name, "")
+        return None
+    if kind == "http":
+        if str(scheme.get("scheme", "")).lower() == "bearer":
+            return _Auth("api_key", "header", "Authorization", "Bearer ")
+        return None
+    if kind in ("oauth2", "openIdConnect"):
+        return _Auth("oauth", "header", "Authorization", "Bearer ")
+    return None

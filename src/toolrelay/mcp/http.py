@@ -1,0 +1,144 @@
+"""Streamable HTTP at ``/mcp`` on ``toolrelay serve``, one agent per bearer token.
+
+Every HTTP request is authenticated before the MCP SDK sees it, the same way as /v1 (the
+same ``Authenticator``, rate limits and JSON errors): no or a bad token is 401, an owner
+token 403. The caller is kept on the ASGI scope, where the MCP handlers read it from the
+request that carried each message, so every message acts as the agent whose token came
+with it. The SDK also binds a session to the agent that opened it: another agent's token
+presenting that session id gets 404, as if it did not exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Final
+
+from fastapi import APIRouter, FastAPI
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.context import ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_REQUEST
+from starlette.authentication import AuthCredentials
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+from yarl import URL
+
+from toolrelay.api.auth import authenticate
+from toolrelay.api.errors import error_response, toolrelay_error_response
+from toolrelay.errors import ToolrelayError
+from toolrelay.mcp.server import McpSettings, agent_only, build_server
+from toolrelay.tokens import Caller
+
+if TYPE_CHECKING:
+    from toolrelay.api.context import ApiContext
+
+__all__ = ["MCP_PATH", "McpEndpoint", "mcp_router", "mount_mcp"]
+
+MCP_PATH: Final = "/mcp"
+SCOPE_KEY: Final = "toolrelay.caller"
+SESSION_IDLE_TIMEOUT: Final = 30 * 60.0  # seconds; a client then opens a new session
+MAX_SESSIONS: Final = 1000
+
+
+async def caller_from_request(ctx: ServerRequestContext[Any, Any]) -> Caller:
+    """The agent authenticated for the HTTP request that carried this message."""
+    request = ctx.request
+    caller = request.scope.get(SCOPE_KEY) if isinstance(request, Request) else None
+    if not isinstance(caller, Caller):
+        raise MCPError(INVALID_REQUEST, "unauthenticated")
+    return caller
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _foreign_origin(request: Request) -> bool:
+    """A browser page from another origin (DNS rebinding, CSRF): MCP asks servers to refuse.
+
+    Tokens are never ambient (no cookies), so this is defence in depth.
+    """
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    try:
+        parsed = URL(origin)
+        host = request.headers.get("host", "")
+        return parsed.host is None or f"{parsed.host}:{parsed.port}" != _authority(
+            host, parsed.scheme
+        )
+    except ValueError:
+        return True
+
+
+def _authority(host: str, scheme: str) -> str:
+    """``host[:port]`` of the Host header with the scheme's default port made explicit."""
+    url = URL(f"{scheme}://{host}")
+    return f"{url.host}:{url.port}"
+
+
+class McpEndpoint:
+    """The ASGI app at /mcp: authenticate, then hand over to the SDK's session manager."""
+
+    def __init__(self, context: ApiContext, settings: McpSettings | None = None) -> None:
+        self.context = context
+        self.server = build_server(context.db, caller_from_request, settings)
+        self.manager = StreamableHTTPSessionManager(
+            app=self.server,
+            # Host/Origin checks are done here (any Host may be legitimate behind a proxy).
+            security_settings=None,
+            session_idle_timeout=SESSION_IDLE_TIMEOUT,
+            max_sessions=MAX_SESSIONS,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        if _foreign_origin(request):
+            response = error_response(
+                403, "permission_denied", "cross-origin requests to /mcp are refused"
+            )
+            await response(scope, receive, send)
+            return
+        try:
+            caller = agent_only(
+                await run_in_threadpool(authenticate, request, self.context, _bearer(request))
+            )
+        except ToolrelayError as exc:
+            await toolrelay_error_response(exc)(scope, receive, send)
+            return
+        scope[SCOPE_KEY] = caller
+        # What the SDK compares to bind a session to the principal that opened it.
+        principal = AccessToken(
+            token=f"agent:{caller.agent_id}",  # the SDK never needs the token itself
+            client_id=f"agent:{caller.agent_id}",
+            subject=str(caller.agent_id),
+            scopes=[],
+        )
+        scope["user"] = AuthenticatedUser(principal)
+        scope["auth"] = AuthCredentials([])
+        await self.manager.handle_request(scope, receive, send)
+
+
+def mcp_router(context: ApiContext, settings: McpSettings | None = None) -> APIRouter:
+    """A router with the /mcp endpoint whose lifespan runs the SDK's session manager."""
+    endpoint = McpEndpoint(context, settings or McpSettings.from_env())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        async with endpoint.manager.run():
+            yield
+
+    router = APIRouter(lifespan=lifespan)
+    router.routes.append(Route(MCP_PATH, endpoint, include_in_schema=False))
+    return router
+
+
+def mount_mcp(app: FastAPI, settings: McpSettings | None = None) -> None:
+    """Serve MCP at /mcp on the toolrelay API app (``create_app`` calls this)."""
+    app.include_router(mcp_router(app.state.toolrelay, settings))

@@ -1,0 +1,498 @@
+"""The MCP server for agents: an agent's tools as MCP tools, and tool calls as invocations.
+
+One low-level ``mcp.server.lowlevel.Server`` serves one door (stdio or streamable HTTP).
+Every request resolves its caller first (``CallerFor``): over stdio the agent token is
+checked again on each request, so revoking it takes effect at once; over HTTP the bearer
+header of the request that carried the message decides (``toolrelay.mcp.http``). The work
+is then done by ``Registry(db, owner, agent_id=...)``, as for the HTTP API, so the SQL
+functions and row-level security see the agent.
+
+- ``tools/list``: the agent's assigned, allowed, active tools. ``inputSchema`` is the tool's
+  ``schema_input``; ``outputSchema`` its ``schema_output`` when that is an object schema with
+  properties and a call can answer with it (not for tools whose calls wait for approval);
+  annotations follow ``egress_class``. Plus ``toolrelay_invocation_status``.
+- ``tools/call``: ``Registry.invoke`` as the agent, then poll the invocation for up to
+  ``wait_seconds``; the dispatcher runs elsewhere (``toolrelay serve``'s in-process worker or
+  ``toolrelay worker``). docs/mcp.md describes every answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Final, TypeVar
+from uuid import UUID
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
+
+from toolrelay import __version__
+from toolrelay.db import Database
+from toolrelay.db.connect import Row
+from toolrelay.errors import (
+    ConfigurationError,
+    InvalidArgument,
+    NotAssigned,
+    NotFound,
+    PermissionDenied,
+    ToolrelayError,
+)
+from toolrelay.registry import Registry
+from toolrelay.registry.validation import validator
+from toolrelay.tokens import Authenticator, Caller, Unauthenticated
+
+__all__ = [
+    "FINISHED",
+    "STATUS_TOOL",
+    "WAIT_ENV",
+    "CallerFor",
+    "McpSettings",
+    "annotations_for",
+    "build_server",
+    "input_schema_for",
+    "mcp_tool",
+    "output_schema_for",
+    "token_caller",
+]
+
+STATUS_TOOL: Final = "toolrelay_invocation_status"
+WAIT_ENV: Final = "TOOLRELAY_MCP_WAIT_SECONDS"
+DEFAULT_WAIT_SECONDS: Final = 30.0
+MAX_WAIT_SECONDS: Final = 300.0  # the most a configured tools/call bound may be
+MAX_STATUS_WAIT: Final = 30.0  # the most one toolrelay_invocation_status call waits
+POLL_INTERVAL: Final = 0.2  # seconds between looks at the invocation while waiting
+FINISHED: Final = frozenset({"completed", "failed", "rejected", "expired"})
+META_INVOCATION: Final = "toolrelay/invocation"
+META_REQUIRES_APPROVAL: Final = "toolrelay/requiresApproval"
+META_OUTPUT_SCHEMA: Final = "toolrelay/outputSchema"
+
+INSTRUCTIONS: Final = (
+    "toolrelay tools. A call that writes to the world waits for a human's approval: its "
+    "answer says so and gives an invocation id; nothing has been sent yet, so do not call "
+    f"the tool again for the same action. Use {STATUS_TOOL} with that id (and wait_seconds) "
+    "to learn the outcome."
+)
+
+CallerFor = Callable[[ServerRequestContext[Any, Any]], Awaitable[Caller]]
+"""Who sends this request: an agent, or an MCPError that refuses it."""
+
+T = TypeVar("T")
+log = logging.getLogger("toolrelay.mcp")
+
+
+@dataclass(frozen=True)
+class McpSettings:
+    """How long ``tools/call`` waits for an outcome, and how often it looks."""
+
+    wait_seconds: float = DEFAULT_WAIT_SECONDS
+    poll_interval: float = POLL_INTERVAL
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.wait_seconds <= MAX_WAIT_SECONDS:
+            raise ConfigurationError(
+                f"the MCP wait must be between 0 and {MAX_WAIT_SECONDS:g} seconds,"
+                f" got {self.wait_seconds:g}"
+            )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> McpSettings:
+        """TOOLRELAY_MCP_WAIT_SECONDS, else the default bound."""
+        raw = (os.environ if environ is None else environ).get(WAIT_ENV, "").strip()
+        if not raw:
+            return cls()
+        try:
+            return cls(wait_seconds=float(raw))
+        except ValueError:
+            raise ConfigurationError(f"{WAIT_ENV} is not a number: {raw!r}") from None
+
+
+# --- tool definitions ---------------------------------------------------------------------
+
+
+def input_schema_for(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The tool's schema_input; MCP needs ``type: object`` at the root, added when absent."""
+    schema: dict[str, Any] = dict(row.get("schema_input") or {})
+    schema.setdefault("type", "object")
+    return schema
+
+
+def _object_schema(schema: Any) -> bool:
+    return (
+        isinstance(schema, Mapping)
+        and schema.get("type") == "object"
+        and isinstance(schema.get("properties"), Mapping)
+        and bool(schema["properties"])
+    )
+
+
+def output_schema_for(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """schema_output when it is an object schema with properties and the call can answer
+    with it: a gated tool's call first answers "waiting for approval", which a client would
+    check against outputSchema and refuse, so gated tools declare none."""
+    schema = row.get("schema_output")
+    if not isinstance(schema, Mapping) or not _object_schema(schema) or row.get("gated"):
+        return None
+    return dict(schema)
+
+
+def annotations_for(row: Mapping[str, Any]) -> types.ToolAnnotations:
+    """Hints from egress_class: read_only reads, write may destroy, none stays inside."""
+    egress = row.get("egress_class")
+    title = row.get("name") or None
+    if egress == "read_only":
+        return types.ToolAnnotations(
+            title=title, read_only_hint=True, destructive_hint=False, open_world_hint=True
+        )
+    if egress == "none":
+        return types.ToolAnnotations(title=title, read_only_hint=True, open_world_hint=False)
+    return types.ToolAnnotations(
+        title=title, read_only_hint=False, destructive_hint=True, open_world_hint=True
+    )
+
+
+def mcp_tool(row: Mapping[str, Any]) -> types.Tool:
+    """One registry tool (a row of ``Registry.agent_tools``) as an MCP tool."""
+    meta: dict[str, Any] = {META_REQUIRES_APPROVAL: bool(row.get("gated"))}
+    schema_output = row.get("schema_output")
+    if row.get("gated") and _object_schema(schema_output):
+        meta[META_OUTPUT_SCHEMA] = schema_output  # what a completed call will hold
+    return types.Tool(
+        name=row["key"],
+        title=row.get("name") or None,
+        description=row.get("description") or row.get("name") or None,
+        input_schema=input_schema_for(row),
+        output_schema=output_schema_for(row),
+        annotations=annotations_for(row),
+        _meta=meta,
+    )
+
+
+STATUS_OUTPUT_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "invocation_id": {"type": "string"},
+        "tool": {"type": "string"},
+        "status": {"enum": ["pending", "running", "completed", "failed", "rejected", "expired"]},
+        "approval_status": {"type": "string"},
+        "output": {"description": "The tool's output, once completed."},
+        "error_code": {"type": ["string", "null"]},
+        "error": {"type": ["string", "null"]},
+        "message": {"type": "string"},
+    },
+    "required": ["invocation_id", "tool", "status", "approval_status", "message"],
+}
+
+
+def status_tool() -> types.Tool:
+    return types.Tool(
+        name=STATUS_TOOL,
+        title="Invocation status",
+        description=(
+            "The state of one of your earlier tool calls, by the invocation id its answer "
+            "gave: waiting for a human's approval, running, completed (with the output), "
+            "failed, rejected or expired. wait_seconds (at most "
+            f"{MAX_STATUS_WAIT:g}) waits that long for it to finish."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "invocation_id": {"type": "string", "format": "uuid"},
+                "wait_seconds": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": MAX_STATUS_WAIT,
+                    "default": 0,
+                },
+            },
+            "required": ["invocation_id"],
+            "additionalProperties": False,
+        },
+        output_schema=STATUS_OUTPUT_SCHEMA,
+        annotations=types.ToolAnnotations(
+            title="Invocation status",
+            read_only_hint=True,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    )
+
+
+# --- answers ------------------------------------------------------------------------------
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str, indent=2)
+
+
+def _status(row: Row) -> dict[str, Any]:
+    return {
+        "invocation_id": str(row["id"]),
+        "tool": row["tool_key"],
+        "status": row["status"],
+        "approval_status": row["approval_status"],
+        "error_code": row.get("error_code"),
+        "error": row.get("error"),
+    }
+
+
+def _describe(row: Row, waited: float) -> str:
+    """One sentence for the model, saying what happened and what to do next."""
+    tool, ident, status = row["tool_key"], row["id"], row["status"]
+    poll = f'call {STATUS_TOOL} with {{"invocation_id": "{ident}"}}'
+    if status == "pending":
+        return (
+            f"The call to {tool} awaits a human's approval (invocation {ident}). Nothing has "
+            f"been sent yet; do not call {tool} again for this. To learn the outcome, {poll}, "
+            'optionally with "wait_seconds".'
+        )
+    if status == "running":
+        return (
+            f"The call to {tool} was accepted and is still running after {waited:g} s "
+            f"(invocation {ident}); do not call it again for this. To learn the outcome, {poll}."
+        )
+    if status == "completed":
+        return f"The call to {tool} completed (invocation {ident})."
+    if status == "rejected":
+        reason = row.get("reject_reason")
+        return f"A human rejected the call to {tool} (invocation {ident})" + (
+            f": {reason}" if reason else "."
+        )
+    if status == "expired":
+        return (
+            f"The call to {tool} was not approved in time and expired (invocation {ident}); "
+            "nothing was sent."
+        )
+    return f"The call to {tool} failed ({row.get('error_code')}): {row.get('error')}"
+
+
+def _text(text: str) -> list[types.ContentBlock]:
+    return [types.TextContent(text=text)]
+
+
+def error_result(
+    code: str, message: str, meta: dict[str, Any] | None = None
+) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=_text(f"{code}: {message}"),
+        is_error=True,
+        _meta={META_INVOCATION: {"error_code": code, "error": message}} | (meta or {}),
+    )
+
+
+def invocation_result(
+    row: Row, output_schema: Mapping[str, Any] | None, waited: float
+) -> types.CallToolResult:
+    """What ``tools/call`` answers for the invocation as it now stands."""
+    meta = {META_INVOCATION: _status(row)}
+    status = row["status"]
+    if status != "completed":
+        # Only "awaiting approval" is a success: a client checks any other success answer
+        # against the tool's outputSchema, and an unfinished call has no output yet.
+        return types.CallToolResult(
+            content=_text(_describe(row, waited)),
+            is_error=status != "pending",
+            _meta=meta,
+        )
+    output = row.get("output")
+    if output_schema is not None and not validator(output_schema).is_valid(output):
+        # The call was made (its side effect, if any, happened): say so, and show the output.
+        return types.CallToolResult(
+            content=_text(
+                f"The call to {row['tool_key']} completed (invocation {row['id']}) but its "
+                "output does not match the tool's outputSchema; do not repeat the call for "
+                f"this. Output:\n{_json(output)}"
+            ),
+            is_error=True,
+            _meta=meta,
+        )
+    structured = output if isinstance(output, dict) else None
+    return types.CallToolResult(
+        content=_text(_json(output)),
+        structured_content=structured,
+        _meta=meta,
+    )
+
+
+def status_result(row: Row, waited: float) -> types.CallToolResult:
+    """What ``toolrelay_invocation_status`` answers: the state, and the output when done."""
+    status = _status(row)
+    message = _describe(row, waited)
+    if row["status"] == "completed":
+        status["output"] = row.get("output")
+        text = f"{message} Output:\n{_json(row.get('output'))}"
+    else:
+        text = message
+    status["message"] = message
+    return types.CallToolResult(
+        content=_text(text),
+        structured_content=status,
+        is_error=row["status"] in ("failed", "rejected", "expired"),
+        _meta={META_INVOCATION: _status(row)},
+    )
+
+
+# --- the server ---------------------------------------------------------------------------
+
+
+async def _run(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Database work is synchronous: run it in a worker thread."""
+    return await anyio.to_thread.run_sync(partial(func, *args, **kwargs))
+
+
+async def _protocol_error(func: Callable[..., T], *args: Any) -> T:
+    """Run database work; a failure (the database is down) is a JSON-RPC error."""
+    try:
+        return await _run(func, *args)
+    except ToolrelayError as exc:
+        log.warning("MCP request failed: %s", exc.message, extra={"action": "mcp_error"})
+        message = (
+            exc.message
+            if exc.code != ToolrelayError.code
+            else "internal error (see the server log)"
+        )
+        raise MCPError(INTERNAL_ERROR, f"toolrelay: {message}") from None
+
+
+def unknown_tool(name: str) -> MCPError:
+    return MCPError(INVALID_PARAMS, f"Unknown tool: {name}")
+
+
+class _Handlers:
+    def __init__(self, db: Database, caller_for: CallerFor, settings: McpSettings) -> None:
+        self.db = db
+        self.caller_for = caller_for
+        self.settings = settings
+
+    async def _registry(self, ctx: ServerRequestContext[Any, Any]) -> tuple[Registry, str]:
+        caller = await self.caller_for(ctx)
+        if caller.agent_id is None:  # the caller sources refuse owners; never act as one
+            raise MCPError(INVALID_REQUEST, "MCP serves agents only")
+        return Registry(self.db, caller.owner, agent_id=caller.agent_id), str(caller.agent_id)
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any, Any], _params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        registry, agent = await self._registry(ctx)
+        rows = await _protocol_error(registry.agent_tools, agent)
+        tools = [mcp_tool(row) for row in rows if row["key"] != STATUS_TOOL]
+        return types.ListToolsResult(tools=[*tools, status_tool()], ttl_ms=0, cache_scope="private")
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        registry, agent = await self._registry(ctx)
+        arguments = dict(params.arguments or {})
+        if params.name == STATUS_TOOL:
+            return await self._status(registry, agent, arguments)
+        rows = await _protocol_error(registry.agent_tools, agent)
+        row = next((r for r in rows if r["key"] == params.name), None)
+        if row is None:  # unassigned, denied, disabled or unknown: all look the same
+            raise unknown_tool(params.name)
+        try:
+            invocation_id = await _run(registry.invoke, agent, params.name, arguments)
+        except (NotAssigned, NotFound):
+            raise unknown_tool(params.name) from None
+        except ToolrelayError as exc:  # invalid_input, tool_inactive, no_endpoint, ...
+            return error_result(exc.code, exc.message)
+        started = time.monotonic()
+        try:
+            invocation = await self._wait(
+                registry, agent, invocation_id, self.settings.wait_seconds
+            )
+        except ToolrelayError as exc:  # the call is recorded; say how to find it again
+            return error_result(
+                exc.code,
+                f"{exc.message} (the call was recorded as invocation {invocation_id};"
+                f" ask {STATUS_TOOL} later)",
+            )
+        return invocation_result(invocation, output_schema_for(row), time.monotonic() - started)
+
+    async def _status(
+        self, registry: Registry, agent: str, arguments: dict[str, Any]
+    ) -> types.CallToolResult:
+        try:
+            invocation_id, wait = _status_arguments(arguments)
+            started = time.monotonic()
+            invocation = await self._wait(registry, agent, invocation_id, wait)
+        except ToolrelayError as exc:
+            return error_result(exc.code, exc.message)
+        return status_result(invocation, time.monotonic() - started)
+
+    async def _wait(self, registry: Registry, agent: str, invocation_id: UUID, wait: float) -> Row:
+        """The invocation once finished, waiting for a human, or when ``wait`` s have passed."""
+        deadline = time.monotonic() + wait
+        while True:
+            row = await _run(registry.get_invocation, invocation_id, agent=agent)
+            if row["status"] in FINISHED or row["status"] == "pending":
+                return row
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return row
+            await anyio.sleep(min(self.settings.poll_interval, remaining))
+
+
+def _status_arguments(arguments: Mapping[str, Any]) -> tuple[UUID, float]:
+    unknown = sorted(set(arguments) - {"invocation_id", "wait_seconds"})
+    if unknown:
+        raise InvalidArgument(f"unknown argument(s) {unknown}")
+    raw = arguments.get("invocation_id")
+    try:
+        invocation_id = UUID(str(raw))
+    except ValueError:
+        raise InvalidArgument(f"invocation_id is not an invocation id: {raw!r}") from None
+    wait = arguments.get("wait_seconds", 0)
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+        raise InvalidArgument(f"wait_seconds must be a number of seconds, got {wait!r}")
+    return invocation_id, min(float(wait), MAX_STATUS_WAIT)
+
+
+def build_server(
+    db: Database, caller_for: CallerFor, settings: McpSettings | None = None
+) -> Server[Any]:
+    """The MCP server; ``caller_for`` names the agent each request acts as."""
+    handlers = _Handlers(db, caller_for, settings or McpSettings())
+    return Server(
+        "toolrelay",
+        version=__version__,
+        title="toolrelay",
+        instructions=INSTRUCTIONS,
+        # No tool declares Mcp-Param headers: skip the SDK's re-listing of the caller's
+        # tools before every 2026-07-28 tools/call over HTTP (a database round trip).
+        get_tool_input_schema=lambda _name: None,
+        on_list_tools=handlers.list_tools,
+        on_call_tool=handlers.call_tool,
+    )
+
+
+# --- callers ------------------------------------------------------------------------------
+
+
+def agent_only(caller: Caller) -> Caller:
+    if not caller.is_agent:
+        raise PermissionDenied(
+            "MCP serves agents: use an agent token (toolrelay token create --agent NAME),"
+            " not an owner token"
+        )
+    return caller
+
+
+def token_caller(authenticator: Authenticator, token: str) -> CallerFor:
+    """The agent behind ``token``, checked again on every request (revocation is immediate)."""
+
+    async def caller_for(_ctx: ServerRequestContext[Any, Any]) -> Caller:
+        try:
+            return agent_only(await _run(authenticator.authenticate, token))
+        except (Unauthenticated, PermissionDenied) as exc:
+            raise MCPError(INVALID_REQUEST, exc.message) from None
+
+    return caller_for
