@@ -1,0 +1,274 @@
+"""Results as rich tables in the terminal, a JSON file, and bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.targets import EXCUSED, MET, MISSED, Target
+
+STATUS_STYLE = {MET: "green", MISSED: "red", EXCUSED: "yellow"}
+Rows = list[list[str]]
+
+
+CORE_LABELS = {
+    "sut": "sut",
+    "upstream": "up",
+    "postgres": "pg",
+    "harness": "harness",
+    "machine": "all",
+}
+
+
+def _cores(cores: dict[str, float]) -> str:
+    """Average cores by party, e.g. ``sut 0.91 · up 0.10 · pg 0.75 · all 1.95``."""
+    if not cores:
+        return "n/a"
+    return " · ".join(f"{label} {cores[k]:.2f}" for k, label in CORE_LABELS.items() if k in cores)
+
+
+def _cost(r: dict[str, Any]) -> str:
+    """CPU µs per call: system under test / all of PostgreSQL."""
+    cost = r.get("cpu_us_per_call") or {}
+    if "sut" not in cost:
+        return "n/a"
+    pg = cost.get("postgres")
+    return f"{cost['sut']:,.0f} / {pg:,.0f}" if pg is not None else f"{cost['sut']:,.0f} / n/a"
+
+
+def _load(values: Any) -> str:
+    return " / ".join(f"{v:g}" for v in values)
+
+
+def _sizes(sizes: dict[str, Any]) -> str:
+    return (
+        f"N = {sizes['throughput_n']:,} (throughput, scaling), {sizes['latency_seconds']:g} s per"
+        f" latency rate, {sizes['memory_queued']:,} queued (memory), {sizes['invoke_seconds']:g} s"
+        f" per invoke variant, profile N = {sizes['profile_n']:,}"
+    )
+
+
+def _n(value: float, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def throughput_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
+    head = ["system", "calls/s", "window s", "upstream-seen/s", "dup", "not done",
+            "peak RSS MB", "CPU µs/call sut / pg", "cores"]  # fmt: skip
+    rows: Rows = []
+    tp = results.get("throughput")
+    if tp:
+        for key in ("toolrelay", "raw", "peer"):
+            r = tp[key]
+            rows.append(
+                [r["system"], _n(r["per_s"]), f"{r['window_s']:.2f}", _n(r["upstream_per_s"]),
+                 str(r["duplicates"]), str(r["not_completed"] + r["non_terminal"]),
+                 "/".join(f"{m:.0f}" for m in r["rss_mb"]), _cost(r), _cores(r["cores"])]
+            )  # fmt: skip
+        blank = [""] * (len(head) - 2)
+        rows.append(["toolrelay / raw", f"{tp['ratio_vs_raw']:.2f}x", *blank])
+        rows.append(["toolrelay / procrastinate", f"{tp['ratio_vs_peer']:.2f}x", *blank])
+    return head, rows
+
+
+def latency_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
+    head = [
+        "rate/s",
+        "achieved/s",
+        "→request p50/p95/p99/max ms",
+        "→finished p50/p95/p99 ms",
+        "dup",
+        "missing",
+        "cores",
+    ]
+    rows: Rows = []
+    for r in results.get("latency", []):
+        q, f = r["to_request_ms"], r["to_finish_ms"]
+        rows.append(
+            [_n(r["rate"]), _n(r["achieved_per_s"]),
+             f"{q['p50']:.1f} / {q['p95']:.1f} / {q['p99']:.1f} / {q['max']:.0f}",
+             f"{f['p50']:.1f} / {f['p95']:.1f} / {f['p99']:.1f}",
+             str(r["duplicates"]), str(r["missing"] + r["non_terminal"]), _cores(r["cores"])]
+        )  # fmt: skip
+    return head, rows
+
+
+def scaling_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
+    head = [
+        "workers",
+        "invocations/s",
+        "vs 1 worker",
+        "dup",
+        "not done",
+        "peak RSS MB",
+        "CPU µs/call sut / pg",
+        "cores",
+    ]
+    rows: Rows = []
+    scaling = results.get("scaling") or []
+    base = scaling[0]["per_s"] if scaling else 0.0
+    for r in scaling:
+        rows.append(
+            [str(r["workers"]), _n(r["per_s"]), f"{r['per_s'] / base:.2f}x" if base else "",
+             str(r["duplicates"]), str(r["not_completed"] + r["non_terminal"]),
+             "/".join(f"{m:.0f}" for m in r["rss_mb"]), _cost(r), _cores(r["cores"])]
+        )  # fmt: skip
+    return head, rows
+
+
+def memory_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
+    head = ["queued", "peak RSS MB (VmHWM)", "invocations/s", "dup", "not done", "cores"]
+    m = results.get("memory")
+    if not m:
+        return head, []
+    return head, [
+        [_n(m["n"]), f"{max(m['rss_mb']):.1f}", _n(m["per_s"]), str(m["duplicates"]),
+         str(m["not_completed"] + m["non_terminal"]), _cores(m["cores"])]
+    ]  # fmt: skip
+
+
+def invoke_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
+    head = ["variant", "threads", "invocations/s", "latency p50/p99 ms", "errors", "cores"]
+    rows: Rows = []
+    for r in results.get("invoke", []):
+        lat = r["latency_ms"]
+        rows.append(
+            [r["variant"], str(r["threads"]), _n(r["per_s"]), f"{lat['p50']:.1f} / {lat['p99']:.1f}",
+             str(r["errors"]), _cores(r["cores"])]
+        )  # fmt: skip
+    return head, rows
+
+
+def target_rows(targets: list[Target]) -> tuple[list[str], Rows]:
+    head = ["target", "goal", "measured", "status", "note"]
+    return head, [[t.name, t.goal, t.measured, t.status, t.note] for t in targets]
+
+
+def profile_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
+    head = ["where the worker's CPU goes (py-spy, inclusive %)", "%"]
+    prof = results.get("profile")
+    if not prof or not prof.get("steps_pct"):
+        return head, []
+    rows = [[k, f"{v:.1f}"] for k, v in prof["steps_pct"].items()]
+    rows += [["", ""], ["by area (self time)", ""]]
+    rows += [[f"  {k}", f"{v:.1f}"] for k, v in prof["areas_pct"].items()]
+    return head, rows
+
+
+SECTIONS = (
+    ("1. Throughput (drain N, one process each)", throughput_rows),
+    ("2. Latency (one worker, steady creation rate)", latency_rows),
+    ("3. Scaling (worker processes, same N)", scaling_rows),
+    ("4. Memory (one worker drains the queue)", memory_rows),
+    ("5. Invoke cost", invoke_rows),
+)
+
+
+def print_tables(results: dict[str, Any], targets: list[Target], console: Console) -> None:
+    for title, rows_of in (*SECTIONS, ("Profile of one worker", profile_rows)):
+        head, rows = rows_of(results)
+        if not rows:
+            continue
+        table = Table(title=title, title_justify="left", show_lines=False)
+        for column in head:
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    head, rows = target_rows(targets)
+    table = Table(
+        title="Targets (issue #7)"
+        + (" — quick run, not judged" if results["meta"]["mode"] == "quick" else ""),
+        title_justify="left",
+    )
+    for column in head:
+        table.add_column(column, overflow="fold")
+    for row, target in zip(rows, targets, strict=True):
+        style = STATUS_STYLE.get(target.status, "")
+        table.add_row(*row[:3], f"[{style}]{row[3]}[/{style}]" if style else row[3], row[4])
+    console.print(table)
+    meta = results["meta"]
+    noise = meta["noise"]
+    console.print(
+        f"machine: {meta['machine']['nproc']} cores, {meta['machine']['memory_gb']} GB, "
+        f"PostgreSQL {meta['machine']['postgres']} ({meta['machine']['postgres_source']}); "
+        f"other load: {noise['idle_cores_before']:.2f} cores busy before, "
+        f"{noise['idle_cores_after']:.2f} after; load average {_load(noise['loadavg_before'])} → "
+        f"{_load(noise['loadavg_after'])}; run took {meta['duration_s']:.0f} s"
+    )
+
+
+def write_json(results: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n", "utf-8")
+
+
+def _md_table(head: list[str], rows: Rows) -> str:
+    def clean(cell: str) -> str:
+        return cell.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(clean(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_markdown(
+    results: dict[str, Any], targets: list[Target], path: Path, json_name: str
+) -> None:
+    meta = results["meta"]
+    machine, noise = meta["machine"], meta["noise"]
+    parts = [
+        "# Benchmark results (latest full run)",
+        "",
+        "Written by `python -m bench` (full mode); see docs/benchmarks.md for what each number",
+        f"means and how it is measured. Raw data: `bench/out/{json_name}` (not committed).",
+        "Where the time goes and what would close the gaps:",
+        "[docs/benchmarks.md, findings](../docs/benchmarks.md#where-the-time-goes-findings-of-2026-11-29).",
+        "",
+        f"- date: {meta['date']} (run took {meta['duration_s']:.0f} s)",
+        f"- machine: {machine['nproc']} cores ({machine['cpu']}), {machine['memory_gb']} GB RAM, "
+        f"Linux {machine['kernel']}, Python {machine['python']}",
+        f"- PostgreSQL {machine['postgres']} ({machine['postgres_source']}), fresh database per run",
+        f"- code measured: {meta['git']}; versions: "
+        f"{', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
+        f"- other load on the machine (shared with other engineers): {noise['idle_cores_before']:.2f}"
+        f" cores busy before the run, {noise['idle_cores_after']:.2f} after; load average "
+        f"{_load(noise['loadavg_before'])} before, {_load(noise['loadavg_after'])} after",
+        f"- sizes: {_sizes(meta['sizes'])}",
+        "",
+        "`cores` columns are average CPU cores over the measured window: `sut` the system under"
+        " test (worker processes, the raw client, or the procrastinate worker), `up` the"
+        " upstream HTTP server, `pg` every process of the PostgreSQL server (all databases;"
+        " backends living less than 0.1 s, such as the one `Registry.invoke` opens per call, are"
+        " missed), `all` everything on the machine (2 = saturated). `CPU µs/call` is the same"
+        " per call: the cost, whatever share of the machine the run got.",
+        "",
+        "## Targets",
+        "",
+        _md_table(*target_rows(targets)),
+        "",
+    ]
+    for title, rows_of in SECTIONS:
+        head, rows = rows_of(results)
+        if rows:
+            parts += [f"## {title}", "", _md_table(head, rows), ""]
+    head, rows = profile_rows(results)
+    if rows:
+        prof = results["profile"]
+        parts += [
+            f"## Profile of one worker ({prof['tool']}, {prof['samples']:,} samples, "
+            f"draining {prof['drain']['n']:,} at {prof['drain']['per_s']:,.0f}/s under the profiler)",
+            "",
+            _md_table(head, rows),
+            "",
+            "Top self time:",
+            "",
+            _md_table(["function", "%"], [[f, f"{p:.1f}"] for f, p in prof["top_self_pct"][:15]]),
+            "",
+        ]
+    parts += ["![benchmark plot](../docs/img/bench.png)", ""]
+    path.write_text("\n".join(parts), "utf-8")

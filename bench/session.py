@@ -1,0 +1,159 @@
+"""One benchmark session: fresh databases, the upstream, the CPU timeline; all torn down."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import peer
+from bench.constants import REPO_DIR, Sizes
+from bench.context import Context
+from bench.procs import ServerProcesses, Timeline, memory_total_mb
+from bench.setup import create_database, drop_database, provision, server_admin_url, server_version
+from bench.upstream import UpstreamProcess
+
+TIMELINE_INTERVAL_S = 0.1  # CPU and VmHWM sampling period
+Say = Callable[[str], None]
+
+
+def machine(pg_url: str, pg_source: str) -> dict[str, Any]:
+    cpu = "?"
+    with open("/proc/cpuinfo", encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gb": round(memory_total_mb() / 1024, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "postgres": server_version(pg_url),
+        "postgres_source": pg_source,
+    }
+
+
+def snapshot_source(into: Path) -> Path:
+    """Copy src/toolrelay as it is now; the workers run from the copy, so edits made to the
+    work tree during a run (a shared machine) cannot change or break what is measured."""
+    shutil.copytree(
+        REPO_DIR / "src" / "toolrelay",
+        into / "toolrelay",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    check = subprocess.run(
+        [sys.executable, "-c", "import toolrelay.cli.main"],
+        env=dict(os.environ, PYTHONPATH=str(into)),
+        capture_output=True,
+        text=True,
+    )
+    if check.returncode != 0:
+        raise RuntimeError(f"src/ does not import as it is now:\n{check.stderr[-2000:]}")
+    return into
+
+
+def source_digest(root: Path) -> str:
+    digest = hashlib.sha1()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".sql") and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def git_state() -> str:
+    """The commit measured, and whether the work tree had local changes under src/."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=REPO_DIR, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "src")
+    return f"{head}{' + uncommitted changes in src/' if dirty else ''}"
+
+
+def postmaster_of(url: str) -> int | None:
+    """The PostgreSQL server's main process, when it runs on this machine and is visible."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    try:
+        with open(f"/proc/{row[0] if row else 0}/stat", encoding="ascii") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return None
+
+
+@contextmanager
+def open_session(
+    sizes: Sizes, quick: bool, say: Say, worker_src: Path | None = None, keep_logs: bool = False
+) -> Iterator[tuple[Context, dict[str, Any]]]:
+    """Yields the context and a description of the machine and code; cleans up afterwards.
+
+    The workers run from ``worker_src`` when given, else from a snapshot of src/ taken now.
+    """
+    scratch = Path(tempfile.mkdtemp(prefix="toolrelay-bench-"))
+    scratch.chmod(0o755)  # an embedded server runs as its own user and must reach it
+    logs, home = scratch / "logs", scratch / "home"
+    logs.mkdir()
+    home.mkdir()
+    code = {"git": git_state(), "worker_src": str(worker_src) if worker_src else "snapshot"}
+    source = worker_src.resolve() if worker_src else snapshot_source(scratch / "src")
+    code["src_sha1"] = source_digest(source / "toolrelay")
+    admin_url, pg_source, stop_server = server_admin_url(scratch)
+    main_url = create_database(admin_url, "main")
+    peer_url = create_database(admin_url, "peer")
+    upstream: UpstreamProcess | None = None
+    timeline = Timeline({}, TIMELINE_INTERVAL_S)
+    ctx: Context | None = None
+    ok = False
+    try:
+        upstream = UpstreamProcess(dict(os.environ), logs / "upstream.log")
+        fx = provision(main_url, upstream.url)
+        asyncio.run(peer.apply_schema(peer_url))
+        ctx = Context(sizes, quick, fx, peer_url, upstream, logs, home, timeline)
+        ctx.worker_source = source
+        upstream_pid = upstream.child.pid
+        timeline.add("sut", ctx.sut_pids)
+        timeline.hooks.append(ctx.sample_memory)
+        timeline.add("upstream", lambda: [upstream_pid])
+        timeline.add("harness", lambda: [os.getpid()])
+        postmaster = postmaster_of(main_url)
+        if postmaster is not None:
+            timeline.add("postgres", ServerProcesses(postmaster))
+        timeline.start()
+        yield ctx, machine(main_url, pg_source) | {"code": code}
+        ok = True
+    finally:
+        cleanups: list[Callable[[], object]] = []
+        if ctx is not None:
+            cleanups += [child.kill for child in ctx.running]
+        if timeline.is_alive():
+            cleanups.append(timeline.stop)
+        if upstream is not None:
+            cleanups.append(upstream.stop if ok else upstream.child.kill)
+        cleanups.append(lambda: drop_database(admin_url, main_url))
+        cleanups.append(lambda: drop_database(admin_url, peer_url))
+        cleanups.append(stop_server)
+        for cleanup in cleanups:
+            try:
+                cleanup()
+            except Exception as exc:  # one failed cleanup must not skip the others
+                say(f"cleanup failed: {exc!r}")
+        if ok and not keep_logs:
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            say(f"logs kept in {logs}")

@@ -1,0 +1,233 @@
+"""Databases for one run, the tool under test, and invocations created as the owner does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import conninfo
+from psycopg.rows import dict_row
+
+from bench.constants import (
+    AGENT_NAME,
+    API_KEY_HEADER,
+    API_KEY_PREFIX,
+    API_KEY_SECRET,
+    DB_PREFIX,
+    ENQUEUE_CHUNK,
+    TOOL_KEY,
+)
+from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
+from toolrelay.db import Database, migrate
+from toolrelay.registry import Registry, ToolSpec
+
+TERMINAL = ("completed", "failed", "rejected", "expired")
+INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0}},
+    "required": ["n"],
+}
+ENQUEUE_SQL = (
+    "SELECT count(fn_invoke_tool(%(agent)s, %(tool)s, jsonb_build_object('n', g))) AS n"
+    " FROM generate_series(%(start)s::int, %(stop)s::int) AS g"
+)
+
+
+EMBEDDED_STOP_TIMEOUT_S = 10.0
+
+
+def server_admin_url(scratch: Path) -> tuple[str, str, Callable[[], None]]:
+    """(admin URL, where it came from, how to stop it): DATABASE_URL's server, else an
+    embedded one under ``scratch`` that the returned callable stops (before scratch goes)."""
+    url = os.environ.get("DATABASE_URL", "").strip()
+    if url:
+        return url, "DATABASE_URL", lambda: None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        server = pgserver.get_server(  # type: ignore[attr-defined]
+            scratch / "pgdata", cleanup_mode="stop"
+        )
+
+    def stop() -> None:
+        pid = server.get_pid()
+        with contextlib.suppress(Exception):
+            server.cleanup()
+        if pid and _alive(pid):  # pgserver may decline: stop the postmaster ourselves
+            os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
+            deadline = time.monotonic() + EMBEDDED_STOP_TIMEOUT_S
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    return str(server.get_uri()), "embedded (pgserver)", stop
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def create_database(admin_url: str, label: str) -> str:
+    name = f"{DB_PREFIX}_{label}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return conninfo.make_conninfo(admin_url, dbname=name)
+
+
+def drop_database(admin_url: str, url: str) -> None:
+    name = conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def server_version(url: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else "?"
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """One owner, one agent, one ungated POST tool with an api_key credential."""
+
+    url: str
+    owner: UUID
+    agent_id: UUID
+    tool_id: UUID
+    master_key: str
+
+    @property
+    def db(self) -> Database:
+        return Database(self.url)
+
+
+def provision(url: str, upstream_url: str) -> Fixture:
+    migrate(url)
+    master_key = generate_master_key()
+    db = Database(url)
+    owner = uuid.uuid4()
+    cred = CredentialStore(db, Keyring.parse(master_key)).add(
+        owner, "api_key", "bench", API_KEY_SECRET
+    )
+    registry = Registry(db, owner)
+    tool = registry.register_tool(
+        ToolSpec(
+            key=TOOL_KEY,
+            name="Benchmark POST",
+            endpoint_url=upstream_url,
+            http_method="POST",
+            egress_class="read_only",  # not gated: runnable as soon as invoked
+            schema_input=INPUT_SCHEMA,
+            request_template={"body": {"n": "{{input.n}}"}},
+            auth_method="api_key",
+            credential_ref=cred,
+            auth_param_name=API_KEY_HEADER,
+            auth_param_prefix=API_KEY_PREFIX,
+        )
+    )
+    agent_id = registry.create_agent(AGENT_NAME)
+    registry.assign(AGENT_NAME, TOOL_KEY)
+    return Fixture(url, owner, agent_id, UUID(str(tool["id"])), master_key)
+
+
+def enqueue(fx: Fixture, n: int, first: int = 1) -> None:
+    """Create ``n`` invocations through fn_invoke_tool, as the owner, in a few statements."""
+    start = first
+    stop_at = first + n
+    while start < stop_at:
+        stop = min(start + ENQUEUE_CHUNK, stop_at) - 1
+        with fx.db.as_owner(fx.owner) as conn:
+            params = {"agent": fx.agent_id, "tool": fx.tool_id, "start": start, "stop": stop}
+            conn.execute(ENQUEUE_SQL, params)
+        start = stop + 1
+
+
+@contextmanager
+def admin(url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """Superuser, autocommit: bookkeeping the harness does between phases."""
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        yield conn
+
+
+def clear_invocations(url: str) -> None:
+    """Start a phase from an empty queue and fresh statistics."""
+    with admin(url) as conn:
+        conn.execute("TRUNCATE agents.tool_invocations CASCADE")
+        conn.execute("VACUUM ANALYZE agents.tool_invocations")
+        conn.execute("VACUUM ANALYZE agents.tool_invocation_attempts")
+
+
+@dataclass
+class DrainStats:
+    """What the database says about the invocations of one phase."""
+
+    total: int
+    by_status: dict[str, int]
+    first_start: float  # epoch seconds: earliest attempt started_at
+    last_finish: float  # epoch seconds: latest invocation finished_at
+    attempts: int
+
+    @property
+    def non_terminal(self) -> int:
+        return sum(v for k, v in self.by_status.items() if status_of(k) not in TERMINAL)
+
+    @property
+    def not_completed(self) -> int:
+        return self.total - self.by_status.get("completed", 0)
+
+
+def drain_stats(url: str) -> DrainStats:
+    with admin(url) as conn:
+        rows = conn.execute(
+            "SELECT status || coalesce('/' || error_code, '') AS status, count(*) AS n"
+            " FROM agents.tool_invocations GROUP BY 1"
+        ).fetchall()
+        window = conn.execute(
+            "SELECT extract(epoch FROM (SELECT min(started_at)"
+            "   FROM agents.tool_invocation_attempts))::float8 AS first_start,"
+            " extract(epoch FROM (SELECT max(finished_at)"
+            "   FROM agents.tool_invocations))::float8 AS last_finish,"
+            " (SELECT count(*) FROM agents.tool_invocation_attempts) AS attempts"
+        ).fetchone()
+    by_status = {r["status"]: int(r["n"]) for r in rows}
+    assert window is not None
+    return DrainStats(
+        total=sum(by_status.values()),
+        by_status=by_status,
+        first_start=float(window["first_start"] or 0.0),
+        last_finish=float(window["last_finish"] or 0.0),
+        attempts=int(window["attempts"]),
+    )
+
+
+def invocation_times(url: str, ids: list[str]) -> dict[str, tuple[float, float | None, str]]:
+    """id -> (created_at, finished_at, outcome), as epoch seconds; outcome is the status,
+    with the error code after a slash when there is one (``failed/timeout``)."""
+    with admin(url) as conn:
+        rows = conn.execute(
+            "SELECT id::text AS id, extract(epoch FROM created_at)::float8 AS created,"
+            " extract(epoch FROM finished_at)::float8 AS finished,"
+            " status || coalesce('/' || error_code, '') AS outcome"
+            " FROM agents.tool_invocations WHERE id = ANY(%s::uuid[])",
+            (ids,),
+        ).fetchall()
+    return {r["id"]: (r["created"], r["finished"], r["outcome"]) for r in rows}
+
+
+def status_of(outcome: str) -> str:
+    return outcome.split("/", 1)[0]

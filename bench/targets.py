@@ -1,0 +1,141 @@
+"""Issue #7's targets, judged against one run's results."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bench.constants import (
+    SATURATED_CORES,
+    SATURATED_PROCESS,
+    TARGET_INVOKE_PER_S,
+    TARGET_P50_200_MS,
+    TARGET_P99_200_MS,
+    TARGET_P99_1000_MS,
+    TARGET_RSS_MB,
+    TARGET_SCALE_2,
+    TARGET_VS_PEER,
+    TARGET_VS_RAW,
+)
+
+MET, MISSED, EXCUSED, NOT_RUN = "met", "missed", "missed (saturated)", "not run"
+
+
+@dataclass
+class Target:
+    name: str
+    goal: str
+    measured: str
+    status: str
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _judge(ok: bool) -> str:
+    return MET if ok else MISSED
+
+
+def evaluate(results: dict[str, Any]) -> list[Target]:
+    out: list[Target] = []
+    tp = results.get("throughput")
+    if tp:
+        vs_raw, vs_peer = tp["ratio_vs_raw"], tp["ratio_vs_peer"]
+        out.append(
+            Target(
+                "throughput vs raw aiohttp",
+                f">= {TARGET_VS_RAW}x",
+                f"{vs_raw:.2f}x",
+                _judge(vs_raw >= TARGET_VS_RAW),
+            )
+        )
+        out.append(
+            Target(
+                "throughput vs procrastinate",
+                f">= {TARGET_VS_PEER}x",
+                f"{vs_peer:.2f}x",
+                _judge(vs_peer >= TARGET_VS_PEER),
+            )
+        )
+    by_rate = {r["rate"]: r for r in results.get("latency", [])}
+    if 200 in by_rate:
+        p = by_rate[200]["to_request_ms"]
+        out.append(
+            Target(
+                "p50 creation->request @200/s",
+                f"<= {TARGET_P50_200_MS:g} ms",
+                f"{p['p50']:.1f} ms",
+                _judge(p["p50"] <= TARGET_P50_200_MS),
+            )
+        )
+        out.append(
+            Target(
+                "p99 creation->request @200/s",
+                f"<= {TARGET_P99_200_MS:g} ms",
+                f"{p['p99']:.1f} ms",
+                _judge(p["p99"] <= TARGET_P99_200_MS),
+            )
+        )
+    if 1000 in by_rate:
+        p = by_rate[1000]["to_request_ms"]
+        out.append(
+            Target(
+                "p99 creation->request @1000/s",
+                f"<= {TARGET_P99_1000_MS:g} ms",
+                f"{p['p99']:.1f} ms",
+                _judge(p["p99"] <= TARGET_P99_1000_MS),
+            )
+        )
+    scaling = results.get("scaling") or []
+    if scaling:
+        dups = {s["workers"]: s["duplicates"] for s in scaling}
+        out.append(
+            Target(
+                "duplicates at 1/2/4 workers",
+                "0 at each",
+                " / ".join(str(d) for d in dups.values()),
+                _judge(not any(dups.values())),
+            )
+        )
+        one = next((s for s in scaling if s["workers"] == 1), None)
+        two = next((s for s in scaling if s["workers"] == 2), None)
+        if one and two and one["per_s"] > 0:
+            ratio = two["per_s"] / one["per_s"]
+            out.append(_scaling_target(ratio, two))
+    mem = results.get("memory")
+    if mem:
+        rss = max(mem["rss_mb"])
+        out.append(
+            Target(
+                f"worker peak RSS, {mem['n']:,} queued",
+                f"<= {TARGET_RSS_MB:g} MB",
+                f"{rss:.0f} MB",
+                _judge(rss <= TARGET_RSS_MB),
+            )
+        )
+    invoke = {r["variant"]: r for r in results.get("invoke", [])}
+    if "Registry.invoke" in invoke:
+        rate = invoke["Registry.invoke"]["per_s"]
+        out.append(
+            Target(
+                "Registry.invoke, 8 threads",
+                f">= {TARGET_INVOKE_PER_S:,.0f}/s",
+                f"{rate:,.0f}/s",
+                _judge(rate >= TARGET_INVOKE_PER_S),
+            )
+        )
+    return out
+
+
+def _scaling_target(ratio: float, two: dict[str, Any]) -> Target:
+    goal = f">= {TARGET_SCALE_2}x unless saturated"
+    measured = f"{ratio:.2f}x"
+    if ratio >= TARGET_SCALE_2:
+        return Target("2 workers vs 1", goal, measured, MET)
+    cores = two.get("cores", {})
+    machine = cores.get("machine", 0.0)
+    upstream = cores.get("upstream", 0.0)
+    note = f"machine {machine:.2f} cores busy, upstream {upstream:.2f}, postgres {cores.get('postgres', 0.0):.2f}"
+    saturated = machine >= SATURATED_CORES or upstream >= SATURATED_PROCESS
+    return Target("2 workers vs 1", goal, measured, EXCUSED if saturated else MISSED, note)

@@ -1,0 +1,103 @@
+"""toolrelay workers as separate processes (`python -m toolrelay.cli worker`), and the gate.
+
+The gate lets several workers start claiming at the same instant: the harness holds a SHARE
+lock on agents.tool_invocations, each worker blocks on its first write (the approval-expiry
+sweep that starts its loop), and committing the harness's transaction releases them all.
+Nothing about the invocations is changed for it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from bench.constants import CONCURRENCY, PROCESS_START_TIMEOUT_S, WORKER_READY_POLL_S
+from bench.procs import Child
+from bench.setup import Fixture
+
+LOCK_WAITERS_SQL = (
+    "SELECT count(DISTINCT pid) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    " AND pid <> pg_backend_pid()"
+)
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    fx: Fixture
+    logs: Path
+    home: Path
+    concurrency: int = CONCURRENCY
+    drain: bool = True
+    source: Path | None = None  # a patched copy of src/ to run instead (experiments)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLRELAY_")}
+        env |= {
+            "DATABASE_URL": self.fx.url,
+            "TOOLRELAY_EGRESS_ALLOW": "127.0.0.1",
+            "TOOLRELAY_MASTER_KEY": self.fx.master_key,
+            "TOOLRELAY_HOME": str(self.home),
+        }
+        if self.source is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(self.source), env.get("PYTHONPATH")])
+            )
+        return env
+
+    def argv(self, interpreter: Sequence[str] = ()) -> list[str]:
+        """``interpreter`` replaces plain ``python`` (e.g. py-spy record -- python)."""
+        options = [
+            "--drain" if self.drain else "--no-drain",
+            "--concurrency",
+            str(self.concurrency),
+        ]
+        return [*(interpreter or [sys.executable]), "-m", "toolrelay.cli", "worker", *options]
+
+    def start(self, name: str, interpreter: Sequence[str] = ()) -> Child:
+        return Child(name, self.argv(interpreter), self.env(), self.logs / f"{name}.log")
+
+
+def py_spy() -> str | None:
+    return shutil.which("py-spy") or _venv_bin("py-spy")
+
+
+def _venv_bin(name: str) -> str | None:
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else None
+
+
+@contextmanager
+def gate(url: str) -> Iterator[psycopg.Connection[tuple[int]]]:
+    """Hold back every worker's first write until the block ends."""
+    conn = psycopg.connect(url)
+    try:
+        conn.execute("LOCK TABLE agents.tool_invocations IN SHARE MODE")
+        yield conn
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def wait_blocked(url: str, workers: Sequence[Child]) -> None:
+    """Until every worker is waiting on the gate (or one of them died)."""
+    deadline = time.monotonic() + PROCESS_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for worker in workers:
+            if worker.poll() is not None:
+                raise RuntimeError(f"{worker.name} exited early:\n{worker.tail()}")
+        # A fresh snapshot each time: pg_stat_activity is cached per transaction.
+        with psycopg.connect(url, autocommit=True) as probe:
+            row = probe.execute(LOCK_WAITERS_SQL).fetchone()
+        if row and int(row[0]) >= len(workers):
+            return
+        time.sleep(WORKER_READY_POLL_S)
+    raise TimeoutError("workers did not reach the gate")
