@@ -11,15 +11,7 @@ from toolrelay import logs
 from toolrelay.cli.context import database, fail
 from toolrelay.cli.interop import database_error
 from toolrelay.errors import ConfigurationError, ToolrelayError
-from toolrelay.mcp.server import (
-    DEFAULT_WAIT_SECONDS,
-    MAX_WAIT_SECONDS,
-    WAIT_ENV,
-    McpSettings,
-    agent_only,
-    build_server,
-    token_caller,
-)
+from toolrelay.mcp.limits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, WAIT_ENV
 from toolrelay.tokens import JWT_SECRET_ENV, Authenticator
 
 AGENT_TOKEN_ENV = "TOOLRELAY_AGENT_TOKEN"
@@ -43,6 +35,8 @@ def mcp(
     """
     import anyio
     from mcp.server.stdio import stdio_server
+
+    from toolrelay.mcp.server import McpSettings, agent_only, build_server, token_caller
 
     logs.configure(log_level)
     token = os.environ.get(AGENT_TOKEN_ENV, "").strip()

@@ -1,5 +1,5 @@
-"""MCP for agents: `toolrelay mcp` (stdio) and /mcp on `toolrelay serve` (docs/mcp.md)."""
+"""MCP for agents: `toolrelay mcp` (stdio) and /mcp on `toolrelay serve` (docs/mcp.md).
 
-from toolrelay.mcp.server import STATUS_TOOL, McpSettings, build_server, token_caller
-
-__all__ = ["STATUS_TOOL", "McpSettings", "build_server", "token_caller"]
+The server lives in ``toolrelay.mcp.server``; it is not imported here because the MCP SDK
+is slow to import and most commands never need it.
+"""

@@ -47,6 +47,7 @@ from toolrelay.errors import (
     PermissionDenied,
     ToolrelayError,
 )
+from toolrelay.mcp.limits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, WAIT_ENV
 from toolrelay.registry import Registry
 from toolrelay.registry.validation import validator
 from toolrelay.tokens import Authenticator, Caller, Unauthenticated
@@ -66,9 +67,6 @@ __all__ = [
 ]
 
 STATUS_TOOL: Final = "toolrelay_invocation_status"
-WAIT_ENV: Final = "TOOLRELAY_MCP_WAIT_SECONDS"
-DEFAULT_WAIT_SECONDS: Final = 30.0
-MAX_WAIT_SECONDS: Final = 300.0  # the most a configured tools/call bound may be
 MAX_STATUS_WAIT: Final = 30.0  # the most one toolrelay_invocation_status call waits
 POLL_INTERVAL: Final = 0.2  # seconds between looks at the invocation while waiting
 FINISHED: Final = frozenset({"completed", "failed", "rejected", "expired"})
