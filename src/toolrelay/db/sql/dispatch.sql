@@ -87,46 +87,6 @@ UPDATE agents.tool_invocations i
    AND i.status = 'running'
 RETURNING i.id;
 
--- name: finish_unfenced
--- ONLY to prove the chaos check can fail (TOOLRELAY_TEST_UNSAFE_NO_FENCING=1): `finish`
--- without the (attempt, lease_owner) fence, so a worker whose lease was taken over still writes.
-WITH r AS (
-    SELECT * FROM jsonb_to_recordset(%(results)s) AS x(
-        id uuid, attempt integer, status text, output jsonb, error text, error_code text,
-        http_status integer, output_mismatch text, retry_in_ms double precision,
-        clear_sent boolean)
-), attempts AS (
-    INSERT INTO agents.tool_invocation_attempts (
-        invocation_id, owner, attempt, worker, started_at, finished_at, status_code,
-        duration_ms, error_code, error)
-    SELECT a.invocation_id, a.owner, a.attempt, %(worker)s, a.started_at, a.finished_at,
-           a.status_code, a.duration_ms, a.error_code, a.error
-      FROM jsonb_to_recordset(%(attempts)s) AS a(
-          invocation_id uuid, owner uuid, attempt integer, started_at timestamptz,
-          finished_at timestamptz, status_code integer, duration_ms double precision,
-          error_code text, error text)
-)
-UPDATE agents.tool_invocations i
-   SET status = r.status,
-       output = r.output,
-       error = r.error,
-       error_code = r.error_code,
-       http_status = r.http_status,
-       output_mismatch = r.output_mismatch,
-       approval_status = CASE WHEN r.status = 'expired' THEN 'expired' ELSE i.approval_status END,
-       lease_owner = NULL,
-       lease_expires_at = NULL,
-       run_after = CASE WHEN r.status = 'running'
-                        THEN now() + r.retry_in_ms * interval '1 millisecond'
-                        ELSE i.run_after END,
-       sent_at = CASE WHEN r.clear_sent THEN NULL ELSE i.sent_at END,
-       finished_at = CASE WHEN r.status <> 'running' THEN now() END,
-       updated_at = now()
-  FROM r
- WHERE i.id = r.id
-   AND i.status = 'running'
-RETURNING i.id;
-
 -- name: heartbeat
 UPDATE agents.tool_invocations
    SET lease_expires_at = now() + make_interval(secs => %(lease)s)
