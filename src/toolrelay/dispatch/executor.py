@@ -6,6 +6,7 @@ marked as possibly-sent (``before_send``) before its request is written to the s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,7 +23,7 @@ from toolrelay.dispatch import policy as retry
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
 from toolrelay.dispatch.outcome import Outcome, scrub, trim
-from toolrelay.dispatch.template import render_request
+from toolrelay.dispatch.template import RenderedRequest, render_request
 from toolrelay.errors import CredentialMissing, InvocationError, ToolrelayError
 from toolrelay.registry.validation import validate_input, validator
 
@@ -92,22 +93,11 @@ class Executor:
         return on_response(row, response, write)
 
     def _build(self, row: Mapping[str, Any]) -> SendSpec:
-        rendered = render_request(
-            row["endpoint_url"],
-            row["http_method"],
-            row["request_template"],
-            with_defaults(row["schema_input"], row["input"]),
-            str(row["id"]),
-            row["auth_placement"],
-            row["auth_param_name"],
-        )
-        headers = dict(rendered.headers) | {INVOCATION_HEADER: str(row["id"])}
-        if row["idempotency_header"]:
-            headers[row["idempotency_header"]] = f"toolrelay-{row['id']}"
+        rendered = build_request(row)
         return SendSpec(
             method=rendered.method,
             url=rendered.url,
-            headers=headers,
+            headers=dict(rendered.headers),
             body=rendered.body,
             connect_timeout=row["connect_timeout_seconds"],
             total_timeout=row["timeout_seconds"],
@@ -136,6 +126,24 @@ class Executor:
         else:
             spec.headers[name] = placed
             spec.secret_headers = frozenset({name.lower()})
+
+
+def build_request(row: Mapping[str, Any]) -> RenderedRequest:
+    """The request one invocation sends, before the credential is placed (the approvals
+    page previews exactly this)."""
+    rendered = render_request(
+        row["endpoint_url"],
+        row["http_method"],
+        row["request_template"],
+        with_defaults(row["schema_input"], row["input"]),
+        str(row["id"]),
+        row["auth_placement"],
+        row["auth_param_name"],
+    )
+    headers = dict(rendered.headers) | {INVOCATION_HEADER: str(row["id"])}
+    if row["idempotency_header"]:
+        headers[row["idempotency_header"]] = f"toolrelay-{row['id']}"
+    return dataclasses.replace(rendered, headers=headers)
 
 
 def credential_row(row: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from toolrelay.dispatch.executor import INVOCATION_HEADER, with_defaults
-from toolrelay.dispatch.template import render_request
+from toolrelay.dispatch.executor import build_request
 from toolrelay.errors import TemplateError
 
 MASK = "••••"
@@ -38,15 +37,7 @@ def preview_request(row: Mapping[str, Any]) -> RequestPreview:
     if not row["endpoint_url"]:
         return RequestPreview(row["http_method"], "", error="the tool has no endpoint_url")
     try:
-        rendered = render_request(
-            row["endpoint_url"],
-            row["http_method"],
-            row["request_template"],
-            with_defaults(row["schema_input"], row["input"]),
-            str(row["id"]),
-            row["auth_placement"],
-            row["auth_param_name"],
-        )
+        rendered = build_request(row)
     except TemplateError as exc:
         return RequestPreview(
             row["http_method"],
@@ -54,9 +45,7 @@ def preview_request(row: Mapping[str, Any]) -> RequestPreview:
             error=f"{exc.message} (approving fails it with template_error)",
             warnings=warnings,
         )
-    headers = [*rendered.headers.items(), (INVOCATION_HEADER, str(row["id"]))]
-    if row["idempotency_header"]:
-        headers.append((row["idempotency_header"], f"toolrelay-{row['id']}"))
+    headers = list(rendered.headers.items())
     url = rendered.url
     if _uses_credential(row):
         masked = f"{row['auth_param_prefix']}{MASK}"
