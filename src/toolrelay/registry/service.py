@@ -172,18 +172,7 @@ class Registry:
             return self._find_tool(conn, key_or_id)
 
     def _find_tool(self, conn: psycopg.Connection[Row], key_or_id: str) -> Row:
-        ident = _as_uuid(key_or_id)
-        if ident is not None:
-            row = conn.execute(
-                "SELECT * FROM agents.tools_registry WHERE id = %s", (ident,)
-            ).fetchone()
-        else:
-            row = conn.execute(
-                "SELECT * FROM agents.tools_registry WHERE key = %s", (key_or_id,)
-            ).fetchone()
-        if row is None:
-            raise NotFound(f"tool {key_or_id} not found")
-        return row
+        return _find(conn, "tools_registry", "key", key_or_id, "tool")
 
     # --- agents and assignments ----------------------------------------------------------
 
@@ -202,14 +191,7 @@ class Registry:
             return self._find_agent(conn, name_or_id)
 
     def _find_agent(self, conn: psycopg.Connection[Row], name_or_id: str) -> Row:
-        ident = _as_uuid(name_or_id)
-        column = "id" if ident is not None else "name"
-        row = conn.execute(
-            f"SELECT * FROM agents.agents WHERE {column} = %s", (ident or name_or_id,)
-        ).fetchone()
-        if row is None:
-            raise NotFound(f"agent {name_or_id} not found")
-        return row
+        return _find(conn, "agents", "name", name_or_id, "agent")
 
     def assign(self, agent: str, tool: str, allowed: bool = True) -> UUID:
         with self._tx() as conn:
@@ -374,6 +356,21 @@ class Registry:
                 (ident,),
             ).fetchall()
             return row
+
+
+def _find(
+    conn: psycopg.Connection[Row], table: str, name_column: str, value: str, what: str
+) -> Row:
+    """One row of ``agents.<table>`` by uuid or by its name column (RLS limits it to the
+    caller's own rows)."""
+    ident = _as_uuid(value)
+    column = "id" if ident is not None else name_column
+    row = conn.execute(
+        f"SELECT * FROM agents.{table} WHERE {column} = %s", (ident or value,)
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"{what} {value} not found")
+    return row
 
 
 def _as_uuid(value: str) -> UUID | None:
