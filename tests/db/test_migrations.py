@@ -103,3 +103,21 @@ def test_rfc_columns_have_the_rfc_types_and_defaults(database_url: str) -> None:
         "auth_param_name": ("text", "'Authorization'::text", "NO"),
         "credential_ref": ("uuid", None, "YES"),
     }
+
+
+def test_invocation_ids_are_time_ordered_version_7(database_url: str) -> None:
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT agents.uuid_v7() AS id, clock_timestamp() AS at FROM generate_series(1, 50)"
+        ).fetchall()
+        default = conn.execute(
+            "SELECT column_default FROM information_schema.columns WHERE table_schema = 'agents'"
+            " AND table_name = 'tool_invocations' AND column_name = 'id'"
+        ).fetchone()
+    ids = [row[0] for row in rows]
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    assert len(set(ids)) == len(ids)
+    for ident, at in zip(ids, (row[1] for row in rows), strict=True):
+        assert abs(int.from_bytes(ident.bytes[:6], "big") - at.timestamp() * 1000) < 5
+    assert [i.bytes[:6] for i in ids] == sorted(i.bytes[:6] for i in ids)
+    assert default is not None and "uuid_v7" in default[0]
