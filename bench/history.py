@@ -44,11 +44,17 @@ from bench.context import Context
 from bench.history_drain import HistoryDrain, drain_with_history
 from bench.history_probe import delete_fresh, fill, server_settings, sizes, snapshot_queries
 from bench.procs import ServerProcesses, Timeline, loadavg, noise_sample
-from bench.session import git_state, machine, postmaster_of, snapshot_source, source_digest
+from bench.session import (
+    git_state,
+    machine,
+    postmaster_of,
+    snapshot_source,
+    source_digest,
+    tear_down,
+)
 from bench.setup import (
     Fixture,
     create_database,
-    drop_database,
     provision,
     server_admin_url,
 )
@@ -172,21 +178,9 @@ def open_history_session(quick: bool, keep_logs: bool) -> Iterator[HistorySessio
         yield HistorySession(ctx, fx_a, fx_b, admin_url, snapshot_queries(source), described)
         ok = True
     finally:
-        cleanups: list[Callable[[], object]] = []
-        if ctx is not None:
-            cleanups += [child.kill for child in ctx.running]
-        if timeline.is_alive():
-            cleanups.append(timeline.stop)
-        if upstream is not None:
-            cleanups.append(upstream.stop if ok else upstream.child.kill)
-        cleanups.append(lambda: drop_database(admin_url, url_a))
-        cleanups.append(lambda: drop_database(admin_url, url_b))
-        cleanups.append(stop_server)
-        for cleanup in cleanups:
-            try:
-                cleanup()
-            except Exception as exc:
-                console.print(f"cleanup failed: {exc!r}")
+        tear_down(
+            ctx, timeline, upstream, ok, [url_a, url_b], admin_url, stop_server, console.print
+        )
         if ok and not keep_logs:
             shutil.rmtree(scratch, ignore_errors=True)
         else:

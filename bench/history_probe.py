@@ -20,6 +20,7 @@ import psycopg
 
 from bench.procs import CLOCK_TICKS
 from bench.setup import Fixture, admin
+from toolrelay.db.queries import parse
 
 FILL_WORKER = "history-fill"  # the `worker` of the attempt rows the fill writes
 FILL_CHUNK = 100_000  # finished invocations per INSERT statement
@@ -57,17 +58,8 @@ SELECT id, %(owner)s, 1, %(fill_worker)s, t + interval '1 ms', t + interval '5 m
 
 def snapshot_queries(source: Path) -> dict[str, str]:
     """The dispatcher's named queries as the measured copy of src/ has them (the same
-    parsing as toolrelay.db.queries.load)."""
-    text = (source / "toolrelay" / "db" / "sql" / "dispatch.sql").read_text("utf-8")
-    queries: dict[str, str] = {}
-    name: str | None = None
-    for line in text.splitlines():
-        if line.startswith("-- name:"):
-            name = line.removeprefix("-- name:").strip()
-            queries[name] = ""
-        elif name is not None:
-            queries[name] += line + "\n"
-    return {k: v.strip().rstrip(";") for k, v in queries.items()}
+    parser as toolrelay.db.queries.load)."""
+    return parse((source / "toolrelay" / "db" / "sql" / "dispatch.sql").read_text("utf-8"))
 
 
 def picked_of(claim: str) -> str:

@@ -97,6 +97,33 @@ def postmaster_of(url: str) -> int | None:
         return None
 
 
+def tear_down(
+    ctx: Context | None,
+    timeline: Timeline,
+    upstream: UpstreamProcess | None,
+    ok: bool,
+    databases: list[str],
+    admin_url: str,
+    stop_server: Callable[[], object],
+    say: Say,
+) -> None:
+    """Stop everything a session started, in order; one failed step must not skip the rest."""
+    cleanups: list[Callable[[], object]] = []
+    if ctx is not None:
+        cleanups += [child.kill for child in ctx.running]
+    if timeline.is_alive():
+        cleanups.append(timeline.stop)
+    if upstream is not None:
+        cleanups.append(upstream.stop if ok else upstream.child.kill)
+    cleanups += [lambda url=url: drop_database(admin_url, url) for url in databases]
+    cleanups.append(stop_server)
+    for cleanup in cleanups:
+        try:
+            cleanup()
+        except Exception as exc:
+            say(f"cleanup failed: {exc!r}")
+
+
 @contextmanager
 def open_session(
     sizes: Sizes, quick: bool, say: Say, worker_src: Path | None = None, keep_logs: bool = False
@@ -138,21 +165,7 @@ def open_session(
         yield ctx, machine(main_url, pg_source) | {"code": code}
         ok = True
     finally:
-        cleanups: list[Callable[[], object]] = []
-        if ctx is not None:
-            cleanups += [child.kill for child in ctx.running]
-        if timeline.is_alive():
-            cleanups.append(timeline.stop)
-        if upstream is not None:
-            cleanups.append(upstream.stop if ok else upstream.child.kill)
-        cleanups.append(lambda: drop_database(admin_url, main_url))
-        cleanups.append(lambda: drop_database(admin_url, peer_url))
-        cleanups.append(stop_server)
-        for cleanup in cleanups:
-            try:
-                cleanup()
-            except Exception as exc:  # one failed cleanup must not skip the others
-                say(f"cleanup failed: {exc!r}")
+        tear_down(ctx, timeline, upstream, ok, [main_url, peer_url], admin_url, stop_server, say)
         if ok and not keep_logs:
             shutil.rmtree(scratch, ignore_errors=True)
         else:

@@ -40,19 +40,9 @@ from tests.fuzz.strategies import (
 from tests.registry.helpers import add_tool
 from toolrelay.db import Database
 from toolrelay.registry import Registry
+from toolrelay.registry.service import REGISTER_SQL
 
-REGISTER = """
-SELECT (fn_register_tool(
-    p_key => %(key)s, p_name => %(name)s, p_description => %(description)s,
-    p_category => %(category)s, p_schema_input => %(schema_input)s,
-    p_schema_output => %(schema_output)s, p_auth_method => %(auth_method)s,
-    p_requires_approval => %(requires_approval)s, p_is_dangerous => %(is_dangerous)s,
-    p_endpoint_url => %(endpoint_url)s, p_http_method => %(http_method)s,
-    p_request_template => %(request_template)s, p_auth_placement => %(auth_placement)s,
-    p_auth_param_name => %(auth_param_name)s, p_credential_ref => %(credential_ref)s,
-    p_egress_class => %(egress_class)s, p_auth_param_prefix => %(auth_param_prefix)s,
-    p_response_pointer => %(response_pointer)s)).*
-"""
+REGISTER = REGISTER_SQL  # the statement Registry.register_tool runs
 JSON_PARAMS = ("schema_input", "schema_output", "request_template")
 
 # Half the examples are valid everywhere (random text where any text goes, so the write

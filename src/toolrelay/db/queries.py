@@ -10,7 +10,11 @@ QUERIES_PACKAGE = "toolrelay.db.sql"
 
 @cache
 def load(group: str) -> dict[str, str]:
-    text = resources.files(QUERIES_PACKAGE).joinpath(f"{group}.sql").read_text("utf-8")
+    return parse(resources.files(QUERIES_PACKAGE).joinpath(f"{group}.sql").read_text("utf-8"))
+
+
+def parse(text: str) -> dict[str, str]:
+    """``-- name: NAME`` starts a query; it runs to the next one."""
     queries: dict[str, str] = {}
     name: str | None = None
     for line in text.splitlines():

@@ -49,7 +49,7 @@ SELECT i.id, i.input, i.created_at, i.approval_expires_at, i.agent_id, a.name AS
  LIMIT %s
 """
 
-_REGISTER_SQL = """
+REGISTER_SQL = """
 SELECT (fn_register_tool(
     p_key => %(key)s, p_name => %(name)s, p_description => %(description)s,
     p_category => %(category)s, p_schema_input => %(schema_input)s,
@@ -94,7 +94,7 @@ class Registry:
         """Create or update (by key) a tool; validated as stored, or nothing is written."""
         params = {k: _adapt(k, v) for k, v in spec.as_dict().items()}
         with self._tx() as conn:
-            row = conn.execute(_REGISTER_SQL, params).fetchone()
+            row = conn.execute(REGISTER_SQL, params).fetchone()
             assert row is not None
             extras = {c: getattr(spec, c) for c in EXTRA_COLUMNS if getattr(spec, c) is not None}
             if extras:
@@ -129,7 +129,7 @@ class Registry:
 
     def _register(self, conn: psycopg.Connection[Row], spec: ToolSpec) -> Row:
         params = {k: _adapt(k, v) for k, v in spec.as_dict().items()}
-        row = conn.execute(_REGISTER_SQL, params).fetchone()
+        row = conn.execute(REGISTER_SQL, params).fetchone()
         assert row is not None
         extras = {c: getattr(spec, c) for c in EXTRA_COLUMNS if getattr(spec, c) is not None}
         if extras:
