@@ -26,9 +26,9 @@ def row(**fields: Any) -> dict[str, Any]:
     } | fields
 
 
-def test_query_credential_is_masked_and_defaults_are_filled() -> None:
+def test_query_credential_is_masked_and_schema_defaults_are_not_sent() -> None:
     preview = preview_request(row())
-    assert preview.url == f"https://api.example.com/search?lang=en&q=cats&limit=5&api_key={MASK}"
+    assert preview.url == f"https://api.example.com/search?lang=en&q=cats&api_key={MASK}"
     assert preview.headers == [("X-Toolrelay-Invocation", str(uuid.UUID(int=7)))]
     assert preview.body is None and preview.error is None and preview.warnings == []
 
@@ -40,7 +40,7 @@ def test_header_credential_keeps_its_prefix_and_writes_show_their_body() -> None
     assert ("Authorization", f"Bearer {MASK}") in preview.headers
     assert ("Idempotency-Key", f"toolrelay-{uuid.UUID(int=7)}") in preview.headers
     assert ("Content-Type", "application/json") in preview.headers
-    assert preview.body == '{\n  "q": "cats",\n  "limit": 5\n}'
+    assert preview.body == '{\n  "q": "cats"\n}'  # the schema's default is not sent
 
 
 def test_what_would_fail_is_said_before_approving() -> None:

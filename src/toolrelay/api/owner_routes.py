@@ -233,8 +233,10 @@ async def show_invocation(
 @router.post(
     "/invocations/{invocation_id}/approve", tags=["invocations"], summary="Approve (a human owner)"
 )
-def approve(invocation_id: UUID, registry: Reg) -> s.InvocationDetail:
-    registry.approve(invocation_id)
+def approve(
+    invocation_id: UUID, registry: Reg, body: s.ApproveIn | None = None
+) -> s.InvocationDetail:
+    registry.approve(invocation_id, body.request_digest if body is not None else None)
     return s.InvocationDetail.model_validate(registry.get_invocation(invocation_id))
 
 

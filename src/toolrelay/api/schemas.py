@@ -275,6 +275,9 @@ class InvocationOut(BaseModel):
     error_code: str | None
     http_status: int | None
     output_mismatch: str | None
+    request_digest: str | None = Field(
+        default=None, description="sha256 of the exact request the approval bound to."
+    )
     attempt: int
     created_at: datetime
     updated_at: datetime
@@ -294,6 +297,15 @@ class InvocationPage(BaseModel):
 
 class RejectIn(_In):
     reason: Text | None = None
+
+
+class ApproveIn(_In):
+    request_digest: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description="The digest of the request you were shown (the approvals page sends it);"
+        " when the call would now send anything else, nothing is approved (409).",
+    )
 
 
 # --- the agent's side ----------------------------------------------------------------------

@@ -60,10 +60,15 @@ def invoke(
     console.print(str(inv_id), markup=False, highlight=False)
 
 
-def approve(invocation_id: str) -> None:
-    """Approve a pending invocation (a human owner only)."""
+def approve(
+    invocation_id: str,
+    digest: str | None = typer.Option(
+        None, "--digest", help="Approve only if the request still has this digest."
+    ),
+) -> None:
+    """Approve a pending invocation (a human owner only), bound to the request it renders."""
     try:
-        registry().approve(invocation_id)
+        registry().approve(invocation_id, digest)
     except ToolrelayError as exc:
         raise fail(exc) from None
     console.print(f"approved {invocation_id}", markup=False)

@@ -7,6 +7,7 @@ marked as possibly-sent (``before_send``) before its request is written to the s
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -78,7 +79,11 @@ class Executor:
         refusal = precheck(row)
         if refusal is not None:
             return refusal
-        spec = self._build(row)
+        rendered = build_request(row)
+        refusal = check_digest(row, rendered)
+        if refusal is not None:
+            return refusal
+        spec = self._build(row, rendered)
         if row["credential_ref"] is not None or row["auth_method"] != "none":
             await self._place_credential(row, spec, secrets)
         write = not retry.is_idempotent(row["http_method"], row["idempotency_header"])
@@ -92,8 +97,7 @@ class Executor:
         attempt.status_code = response.status
         return on_response(row, response, write)
 
-    def _build(self, row: Mapping[str, Any]) -> SendSpec:
-        rendered = build_request(row)
+    def _build(self, row: Mapping[str, Any], rendered: RenderedRequest) -> SendSpec:
         return SendSpec(
             method=rendered.method,
             url=rendered.url,
@@ -130,12 +134,12 @@ class Executor:
 
 def build_request(row: Mapping[str, Any]) -> RenderedRequest:
     """The request one invocation sends, before the credential is placed (the approvals
-    page previews exactly this)."""
+    page previews exactly this). Schema ``default``s are annotations: never sent."""
     rendered = render_request(
         row["endpoint_url"],
         row["http_method"],
         row["request_template"],
-        with_defaults(row["schema_input"], row["input"]),
+        row["input"],
         str(row["id"]),
         row["auth_placement"],
         row["auth_param_name"],
@@ -153,19 +157,43 @@ def credential_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
     return {k.removeprefix(CRED_PREFIX): v for k, v in row.items() if k.startswith(CRED_PREFIX)}
 
 
-def with_defaults(schema: Mapping[str, Any], value: Mapping[str, Any]) -> dict[str, Any]:
-    """Top-level ``default``s of schema_input fill members the input leaves out."""
-    properties = schema.get("properties") if isinstance(schema, Mapping) else None
-    filled = dict(value)
-    if isinstance(properties, Mapping):
-        for name, prop in properties.items():
-            if name not in filled and isinstance(prop, Mapping) and "default" in prop:
-                filled[name] = prop["default"]
-    return filled
+def request_digest(rendered: RenderedRequest) -> str:
+    """What an approval binds to: method, URL, headers and body of the rendered request
+    (the credential is placed after rendering, so its value is never part of it)."""
+    canonical = json.dumps(
+        {
+            "method": rendered.method,
+            "url": rendered.url,
+            "headers": sorted([k.lower(), v] for k, v in rendered.headers.items()),
+            "body": rendered.body,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_digest(row: Mapping[str, Any], rendered: RenderedRequest) -> Outcome | None:
+    """An approved call is sent only as the request that was approved."""
+    approved = row.get("request_digest")
+    if row["approval_status"] != "approved" or approved is None:
+        return None
+    if request_digest(rendered) == approved:
+        return None
+    return Outcome.failed(
+        "tool_changed",
+        f"the request for tool {row['tool_key']} is no longer the one that was approved;"
+        " it was not sent — invoke it again to approve the new request",
+    )
 
 
 def precheck(row: Mapping[str, Any]) -> Outcome | None:
-    """Refuse before sending: tool, agent, assignment, approval, fingerprint, input."""
+    """Refuse before sending: tool, agent, assignment, approval, fingerprint, gating, input."""
+    if row["tool_status"] is None:
+        return Outcome.failed("tool_inactive", "the tool was deleted; the call was not sent")
+    if row["agent_status"] is None:
+        return Outcome.failed("not_assigned", "the agent was deleted; the call was not sent")
     if row["tool_status"] != "active":
         return Outcome.failed("tool_inactive", f"tool {row['tool_key']} is {row['tool_status']}")
     if row["agent_status"] != "active":
@@ -182,9 +210,16 @@ def precheck(row: Mapping[str, Any]) -> Outcome | None:
         if row["config_fingerprint"] != row["current_fingerprint"]:
             return Outcome.failed(
                 "tool_changed",
-                f"tool {row['tool_key']} changed after approval (endpoint, method, template,"
-                " auth or credential); invoke it again to approve the new request",
+                f"tool {row['tool_key']} changed after the call was made (its request"
+                " configuration); it was not sent — invoke it again to approve the new request",
             )
+    elif row["approval_status"] == "not_required" and row.get("gated_now"):
+        # Made while the tool was ungated; the owner has gated it since: a human decides.
+        return Outcome(
+            "pending",
+            error=f"tool {row['tool_key']} now requires approval; waiting for a decision",
+            error_code="approval_required",
+        )
     if row["endpoint_url"] is None:
         return Outcome.failed("no_endpoint", f"tool {row['tool_key']} has no endpoint_url")
     validate_input(row["schema_input"], row["input"])

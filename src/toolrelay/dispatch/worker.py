@@ -285,6 +285,9 @@ class Worker:
             "output_mismatch": outcome.output_mismatch,
             "retry_in_ms": outcome.retry_in * 1000,
             "clear_sent": outcome.clear_sent,
+            # for a call sent back to approval: its new window and the configuration it waits on
+            "approval_ttl_seconds": row["approval_ttl_seconds"],
+            "fingerprint": row["current_fingerprint"],
         }
         try:
             written = await self.done.submit((result, attempt.record(row, outcome)))

@@ -1,6 +1,6 @@
 """What approving an invocation will send: the rendered request with the credential masked.
 
-Rendered exactly as the dispatcher renders it (same template function, same input defaults,
+Rendered exactly as the dispatcher renders it (same template function, no schema defaults,
 same added headers). The credential is never read, let alone decrypted: its place in the
 request shows ``••••`` after the tool's prefix.
 """

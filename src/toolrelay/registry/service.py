@@ -18,7 +18,17 @@ from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import Row
-from toolrelay.errors import InvalidArgument, InvalidInput, NotAssigned, NotFound, ToolrelayError
+from toolrelay.dispatch.executor import build_request
+from toolrelay.dispatch.executor import request_digest as rendered_digest
+from toolrelay.errors import (
+    Conflict,
+    InvalidArgument,
+    InvalidInput,
+    NotAssigned,
+    NotFound,
+    TemplateError,
+    ToolrelayError,
+)
 from toolrelay.registry.models import EXTRA_COLUMNS, UPDATABLE_COLUMNS, ToolSpec
 from toolrelay.registry.validation import check_tool, validate_input
 
@@ -48,6 +58,27 @@ SELECT i.id, i.input, i.created_at, i.approval_expires_at, i.agent_id, a.name AS
  ORDER BY i.created_at, i.id
  LIMIT %s
 """
+
+# What approving an invocation binds to: the columns build_request renders from.
+_APPROVAL_ROW = """
+SELECT i.id, i.input, t.key AS tool_key, t.endpoint_url, t.http_method, t.request_template,
+       t.auth_placement, t.auth_param_name, t.idempotency_header
+  FROM agents.tool_invocations i
+  JOIN agents.tools_registry t ON t.id = i.tool_id
+ WHERE i.id = %s AND i.status = 'pending'
+"""
+
+
+def _digest_of(row: Mapping[str, Any]) -> str | None:
+    """The digest of the request the call renders now; None when it cannot render (the
+    dispatcher then fails it before sending)."""
+    if not row["endpoint_url"]:
+        return None
+    try:
+        return rendered_digest(build_request(row))
+    except TemplateError:
+        return None
+
 
 REGISTER_SQL = """
 SELECT (fn_register_tool(
@@ -276,9 +307,22 @@ class Registry:
             assert row is not None
             return UUID(str(row["id"]))
 
-    def approve(self, invocation_id: UUID | str) -> None:
+    def approve(self, invocation_id: UUID | str, request_digest: str | None = None) -> str | None:
+        """Approve the request the call renders now, bound by its digest (SPEC §3).
+
+        ``request_digest`` is the digest of the request the approver was shown; when the
+        call would now render anything else, nothing is approved. Returns the digest bound.
+        """
         with self._tx() as conn:
-            conn.execute("SELECT fn_approve_tool_invocation(%s)", (str(invocation_id),))
+            row = conn.execute(_APPROVAL_ROW, (str(invocation_id),)).fetchone()
+            current = _digest_of(row) if row is not None else None
+            if request_digest is not None and request_digest != current:
+                raise Conflict(
+                    f"invocation {invocation_id}: the request it would send is no longer the"
+                    " one you were shown (the tool changed); review it again"
+                )
+            conn.execute("SELECT fn_approve_tool_invocation(%s, %s)", (str(invocation_id), current))
+            return current
 
     def reject(self, invocation_id: UUID | str, reason: str | None = None) -> None:
         with self._tx() as conn:

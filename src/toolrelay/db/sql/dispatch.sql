@@ -19,8 +19,10 @@ WITH picked AS (
  RETURNING i.*
 )
 SELECT c.id, c.owner, c.agent_id, c.tool_id, c.input, c.attempt, c.approval_status,
-       c.approval_expires_at, c.config_fingerprint, c.sent_at,
+       c.approval_expires_at, c.config_fingerprint, c.request_digest, c.sent_at,
        agents.tool_fingerprint(t) AS current_fingerprint,
+       -- gating is decided again at every claim (SPEC §3), retries included
+       agents.tool_is_gated(t) AS gated_now, t.approval_ttl_seconds,
        t.key AS tool_key, t.status AS tool_status, t.endpoint_url, t.http_method,
        t.request_template, t.auth_method, t.auth_placement, t.auth_param_name,
        t.auth_param_prefix, t.credential_ref, t.schema_input, t.schema_output,
@@ -33,8 +35,9 @@ SELECT c.id, c.owner, c.agent_id, c.tool_id, c.input, c.attempt, c.approval_stat
        k.key_id AS cred_key_id, k.wrapped_key AS cred_wrapped_key, k.nonce AS cred_nonce,
        k.ciphertext AS cred_ciphertext, k.expires_at AS cred_expires_at
   FROM claimed c
-  JOIN agents.tools_registry t ON t.id = c.tool_id
-  JOIN agents.agents a ON a.id = c.agent_id
+  -- LEFT: a deleted tool or agent fails the call in the worker instead of stranding it
+  LEFT JOIN agents.tools_registry t ON t.id = c.tool_id
+  LEFT JOIN agents.agents a ON a.id = c.agent_id
   LEFT JOIN agents.tool_assignments s ON s.agent_id = c.agent_id AND s.tool_id = c.tool_id
   LEFT JOIN agents.credentials k ON k.id = t.credential_ref;
 
@@ -48,13 +51,14 @@ UPDATE agents.tool_invocations i
 RETURNING i.id;
 
 -- name: finish
--- Record outcomes (terminal, or 'running' again for a retry) and every attempt made.
+-- Record outcomes (terminal, 'running' again for a retry, or 'pending' again when the tool
+-- became gated since the call was made) and every attempt made.
 -- A worker whose lease was taken over matches no row: its result is discarded.
 WITH r AS (
     SELECT * FROM jsonb_to_recordset(%(results)s) AS x(
         id uuid, attempt integer, status text, output jsonb, error text, error_code text,
         http_status integer, output_mismatch text, retry_in_ms double precision,
-        clear_sent boolean)
+        clear_sent boolean, approval_ttl_seconds integer, fingerprint text)
 ), attempts AS (
     INSERT INTO agents.tool_invocation_attempts (
         invocation_id, owner, attempt, worker, started_at, finished_at, status_code,
@@ -73,14 +77,20 @@ UPDATE agents.tool_invocations i
        error_code = r.error_code,
        http_status = r.http_status,
        output_mismatch = r.output_mismatch,
-       approval_status = CASE WHEN r.status = 'expired' THEN 'expired' ELSE i.approval_status END,
+       approval_status = CASE WHEN r.status IN ('expired', 'pending') THEN r.status
+                              ELSE i.approval_status END,
+       approval_expires_at = CASE WHEN r.status = 'pending'
+                                  THEN now() + make_interval(secs => r.approval_ttl_seconds)
+                                  ELSE i.approval_expires_at END,
+       config_fingerprint = CASE WHEN r.status = 'pending' THEN r.fingerprint
+                                 ELSE i.config_fingerprint END,
        lease_owner = NULL,
        lease_expires_at = NULL,
        run_after = CASE WHEN r.status = 'running'
                         THEN now() + r.retry_in_ms * interval '1 millisecond'
                         ELSE i.run_after END,
        sent_at = CASE WHEN r.clear_sent THEN NULL ELSE i.sent_at END,
-       finished_at = CASE WHEN r.status <> 'running' THEN now() END,
+       finished_at = CASE WHEN r.status NOT IN ('running', 'pending') THEN now() END,
        updated_at = now()
   FROM r
  WHERE i.id = r.id AND i.attempt = r.attempt AND i.lease_owner = %(worker)s
