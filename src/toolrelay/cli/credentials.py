@@ -17,7 +17,8 @@ from toolrelay.credentials import (
     CredentialStore,
     Keyring,
     generate_master_key,
-    keyring_from_env,
+    key_status,
+    load_keyring,
 )
 from toolrelay.errors import InvalidArgument, ToolrelayError
 
@@ -34,7 +35,8 @@ class Kind(StrEnum):
 
 
 def _keyring() -> Keyring:
-    return keyring_from_env(embedded=config.database_url_from_env() is None)
+    """Checked against the database: a key id in use but missing refuses (never regenerated)."""
+    return load_keyring(database(), embedded=config.database_url_from_env() is None)
 
 
 def _store(with_keys: bool = False) -> CredentialStore:
@@ -134,6 +136,26 @@ def rewrap() -> None:
     except ToolrelayError as exc:
         raise fail(exc) from None
     typer.echo(str(count))
+
+
+@credential_app.command()
+def keys() -> None:
+    """Which master key ids are configured, which are in use and by how many credentials.
+
+    Exits 1 when a key id in use is not configured (those secrets cannot be read)."""
+    try:
+        statuses = key_status(database())
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    out = Table()
+    for column in ("key id", "configured", "credentials", "newest"):
+        out.add_column(column)
+    for st in statuses:
+        configured = "yes" if st.configured else "MISSING" if st.credentials else "no"
+        out.add_row(st.key_id, configured, str(st.credentials), "yes" if st.newest else "")
+    console.print(out)
+    if any(st.credentials and not st.configured for st in statuses):
+        raise typer.Exit(1)
 
 
 @credential_app.command()

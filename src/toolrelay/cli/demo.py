@@ -8,7 +8,7 @@ import typer
 
 from toolrelay import config
 from toolrelay.cli.context import console, database, fail
-from toolrelay.credentials import keyring_from_env
+from toolrelay.credentials import load_keyring
 from toolrelay.errors import ToolrelayError
 
 
@@ -18,7 +18,7 @@ def demo() -> None:
 
     try:
         db = database()
-        keyring = keyring_from_env(embedded=config.database_url_from_env() is None)
+        keyring = load_keyring(db, embedded=config.database_url_from_env() is None)
         ok = asyncio.run(run_demo(db, keyring, console))
     except ToolrelayError as exc:
         raise fail(exc) from None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
+from typer.core import TyperGroup
 
 from toolrelay.cli import agents
 from toolrelay.cli.agents import agent_app, invocations_app
@@ -12,6 +15,7 @@ from toolrelay.cli.credentials import credential_app
 from toolrelay.cli.demo import demo
 from toolrelay.cli.interop import export_app, import_app
 from toolrelay.cli.mcp import mcp
+from toolrelay.cli.owners import owner_app
 from toolrelay.cli.prune import prune
 from toolrelay.cli.serve import serve
 from toolrelay.cli.tokens import token_app
@@ -20,7 +24,20 @@ from toolrelay.cli.worker import worker
 from toolrelay.db import Database, migrate
 from toolrelay.errors import ToolrelayError
 
+
+class _Commands(TyperGroup):
+    """The root group: an error raised anywhere below is one line on stderr, never a
+    traceback (commands catch what they expect; this catches what they did not)."""
+
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except ToolrelayError as exc:
+            raise fail(exc) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="toolrelay: a tool registry and dispatcher for AI agents.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -33,6 +50,7 @@ for name, group in (
     ("token", token_app),
     ("export", export_app),
     ("import", import_app),
+    ("owner", owner_app),
 ):
     app.add_typer(group, name=name)
 for command in (

@@ -8,7 +8,7 @@ import typer
 
 from toolrelay import config, logs
 from toolrelay.cli.context import database, err_console, fail
-from toolrelay.credentials import Keyring, keyring_from_env
+from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
 from toolrelay.dispatch.worker import WorkerSettings, run_worker
 from toolrelay.errors import ConfigurationError, ToolrelayError
@@ -40,9 +40,11 @@ def worker(
         # Migrations take a session-level advisory lock: run them directly, not via a pooler.
         db = Database() if pooler else database()
         try:
-            keyring: Keyring | None = keyring_from_env(
-                embedded=config.database_url_from_env() is None
+            keyring: Keyring | None = load_keyring(
+                db, embedded=config.database_url_from_env() is None
             )
+        except MissingMasterKey:
+            raise  # secrets are sealed under a key we lack: refuse rather than fail every call
         except ConfigurationError as exc:
             # Tools without credentials still run; those with one fail with credential_error.
             err_console.print(f"warning: {exc.message}", markup=False, highlight=False)

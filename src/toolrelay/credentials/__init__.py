@@ -1,6 +1,7 @@
 """The credential store (#461): envelope-encrypted secrets, owner API and dispatcher resolver."""
 
 from toolrelay.credentials.formats import KINDS
+from toolrelay.credentials.keycheck import MissingMasterKey, key_status, load_keyring
 from toolrelay.credentials.keys import (
     Keyring,
     MasterKey,
@@ -18,7 +19,10 @@ __all__ = [
     "CredentialStore",
     "Keyring",
     "MasterKey",
+    "MissingMasterKey",
     "ensure_local_master_key",
     "generate_master_key",
+    "key_status",
     "keyring_from_env",
+    "load_keyring",
 ]

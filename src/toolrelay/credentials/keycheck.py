@@ -1,0 +1,112 @@
+"""The keyring checked against what the database holds: a lost master key is never replaced.
+
+Every credential names the master key id its data key is wrapped under. A command that
+needs the keyring loads it here, so that a key id in use but not configured refuses at
+start, in one line naming the ids and where keys are read from, instead of a new local
+key being generated and every stored secret silently becoming unreadable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from toolrelay import config
+from toolrelay.credentials.keys import (
+    KEY_ENV,
+    KEY_FILE_ENV,
+    LOCAL_KEY_FILE,
+    Keyring,
+    keyring_from_env,
+)
+from toolrelay.db import Database
+from toolrelay.errors import ConfigurationError
+
+__all__ = ["KeyStatus", "MissingMasterKey", "key_status", "key_usage", "load_keyring"]
+
+
+class MissingMasterKey(ConfigurationError):
+    """The database holds secrets sealed under a key id that is not configured."""
+
+
+def key_usage(db: Database) -> dict[str, int]:
+    """How many credentials each master key id wraps (all owners: the dispatcher's view)."""
+    with db.as_dispatcher() as conn:
+        rows = conn.execute(
+            "SELECT key_id, count(*) AS n FROM agents.credentials GROUP BY key_id ORDER BY key_id"
+        ).fetchall()
+    return {row["key_id"]: int(row["n"]) for row in rows}
+
+
+def key_source(environ: Mapping[str, str] | None = None) -> str:
+    """Where master keys are read from, for messages (never the keys themselves)."""
+    env = os.environ if environ is None else environ
+    if env.get(KEY_ENV, "").strip():
+        return KEY_ENV
+    if env.get(KEY_FILE_ENV, "").strip():
+        return f"{KEY_FILE_ENV} ({env[KEY_FILE_ENV].strip()})"
+    return f"the local key file {config.home() / LOCAL_KEY_FILE}"
+
+
+def _missing(usage: Mapping[str, int], configured: list[str]) -> str:
+    return ", ".join(
+        f"{key_id!r} ({n} credential{'s' if n != 1 else ''})"
+        for key_id, n in usage.items()
+        if key_id not in configured
+    )
+
+
+def load_keyring(db: Database, embedded: bool, environ: Mapping[str, str] | None = None) -> Keyring:
+    """The configured keyring, refused when the database uses a key id it lacks.
+
+    In embedded mode a local key is generated only while no credential is sealed at all.
+    """
+    env = os.environ if environ is None else environ
+    usage = key_usage(db)
+    local = config.home() / LOCAL_KEY_FILE
+    configured = bool(env.get(KEY_ENV, "").strip() or env.get(KEY_FILE_ENV, "").strip())
+    if not embedded and not configured and usage:
+        raise MissingMasterKey(
+            f"no master key configured, but {_missing(usage, [])} sealed in this database;"
+            f" set {KEY_ENV} or {KEY_FILE_ENV} to the keys they were sealed with"
+        )
+    if embedded and not configured and not local.exists() and usage:
+        raise MissingMasterKey(
+            f"master key missing: {_missing(usage, [])} sealed in this database, but"
+            f" {local} does not exist; restore it from your backup (docs/operations.md,"
+            " Backups) — no new key was generated, so nothing was lost"
+        )
+    keyring = keyring_from_env(embedded=embedded, environ=env)
+    missing = _missing(usage, keyring.ids)
+    if missing:
+        raise MissingMasterKey(
+            f"master key(s) not configured: {missing} sealed in this database; keys are read"
+            f" from {key_source(env)} (configured: {', '.join(map(repr, keyring.ids))});"
+            " add the missing key(s) back, newest last"
+        )
+    return keyring
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    key_id: str
+    configured: bool
+    newest: bool
+    credentials: int
+
+
+def key_status(db: Database, environ: Mapping[str, str] | None = None) -> list[KeyStatus]:
+    """Each key id configured or in use, without loading or generating anything."""
+    env = os.environ if environ is None else environ
+    usage = key_usage(db)
+    local = config.home() / LOCAL_KEY_FILE
+    if env.get(KEY_ENV, "").strip() or env.get(KEY_FILE_ENV, "").strip():
+        ids = keyring_from_env(embedded=False, environ=env).ids
+    elif local.exists():
+        ids = Keyring.parse(local.read_text("utf-8"), str(local)).ids
+    else:
+        ids = []
+    newest = ids[-1] if ids else None
+    every = list(dict.fromkeys([*ids, *usage]))
+    return [KeyStatus(k, k in ids, k == newest, usage.get(k, 0)) for k in every]

@@ -1,0 +1,149 @@
+"""Nothing lost by accident: a lost master key is never replaced, and against a shared
+database a lost TOOLRELAY_HOME never turns the CLI into a brand-new owner (issue 13, items 1 and 2)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.credentials.conftest import keyring_text, make_keyring
+from toolrelay.cli import context
+from toolrelay.cli.main import app
+from toolrelay.credentials import CredentialStore, MissingMasterKey, load_keyring
+from toolrelay.db import Database
+
+TOOLRELAY = str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "toolrelay")
+runner = CliRunner()
+
+
+def cli(home: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """The real command, as a new user runs it: embedded database, nothing else set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLRELAY_", "DATABASE_"))}
+    env["TOOLRELAY_HOME"] = str(home)
+    return subprocess.run(
+        [TOOLRELAY, *args], input=stdin, capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+@pytest.fixture
+def embedded_home() -> Iterator[Path]:
+    # Not under pytest's tmp: the embedded server runs as its own user and must reach it.
+    home = Path(tempfile.mkdtemp(prefix="toolrelay-home-"))
+    home.chmod(0o755)
+    yield home
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        if (home / "pgdata").exists():
+            pgserver.get_server(home / "pgdata", cleanup_mode="stop").cleanup()  # type: ignore[attr-defined]
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_a_deleted_local_key_is_never_replaced(embedded_home: Path) -> None:
+    added = cli(embedded_home, "credential", "add", "--kind", "api_key", "--name", "postiz",
+                "--host", "api.example.com", stdin="s3cret-value\n")  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    key_file = embedded_home / "master.key"
+    backup = key_file.read_bytes()
+    key_file.unlink()
+
+    for command in (["worker", "--drain"], ["credential", "rotate", added.stdout.strip()]):
+        refused = cli(embedded_home, *command, stdin="new-secret\n")
+        assert refused.returncode != 0, command
+        [line] = refused.stderr.strip().splitlines()
+        assert "'local' (1 credential)" in line and str(key_file) in line
+        assert "restore it from your backup" in line and "s3cret" not in line
+        assert not key_file.exists()  # no new key was generated
+
+    status = cli(embedded_home, "credential", "keys")
+    assert status.returncode == 1
+    assert "local" in status.stdout and "MISSING" in status.stdout
+
+    key_file.write_bytes(backup)  # the backup brings everything back
+    key_file.chmod(0o600)
+    assert cli(embedded_home, "credential", "keys").returncode == 0
+    assert cli(embedded_home, "worker", "--drain").returncode == 0
+
+
+def test_a_key_id_in_use_but_not_configured_refuses_naming_ids_and_source(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
+    old, new = make_keyring("k-old"), make_keyring("k-new")
+    db = Database(database_url)
+    CredentialStore(db, old).add(uuid.uuid4(), "api_key", "one", "s3cret", ["a.example"])
+    with pytest.raises(MissingMasterKey) as raised:
+        load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": keyring_text(new)})
+    message = raised.value.message
+    assert "'k-old' (1 credential)" in message and "TOOLRELAY_MASTER_KEY" in message
+    assert "'k-new'" in message  # what is configured, by id; never key material
+    assert keyring_text(new).split(":")[1] not in message
+    both = f"{keyring_text(old)},{keyring_text(new)}"
+    assert load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": both}).ids == [
+        "k-old",
+        "k-new",
+    ]
+
+
+@pytest.fixture
+def shared_db(database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TOOLRELAY_MASTER_KEY", keyring_text(make_keyring("shared")))
+    context.database.cache_clear()
+    yield tmp_path
+    context.database.cache_clear()
+
+
+def test_against_a_shared_database_a_missing_owner_is_an_error_not_a_new_owner(
+    shared_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    me = str(uuid.uuid4())
+    monkeypatch.setenv("TOOLRELAY_OWNER", me)
+    tool = shared_db / "tool.yaml"
+    tool.write_text("tools:\n  - {key: weather.get, name: Weather}\n")
+    assert runner.invoke(app, ["tool", "apply", str(tool)]).exit_code == 0
+    assert runner.invoke(app, ["agent", "create", "social-bot"]).exit_code == 0
+
+    monkeypatch.delenv("TOOLRELAY_OWNER")  # a new machine: TOOLRELAY_HOME is empty too
+    for command in (
+        ["tool", "list"],
+        ["tool", "apply", str(tool)],
+        ["agent", "create", "social-bot"],
+    ):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 1, command
+        [line] = result.stderr.strip().splitlines()
+        assert "no owner chosen" in line and "TOOLRELAY_OWNER" in line and "owner list" in line
+    assert not (shared_db / "home" / "owner").exists()
+
+    owners = runner.invoke(app, ["owner", "list"])
+    assert owners.exit_code == 0 and me in owners.stdout
+    with Database(os.environ["DATABASE_URL"]).as_dispatcher() as conn:
+        tools = conn.execute("SELECT owner, key FROM agents.tools_registry").fetchall()
+        agents = conn.execute("SELECT owner FROM agents.agents").fetchall()
+    mine = [(str(t["owner"]), t["key"]) for t in tools if str(t["owner"]) == me]
+    assert mine == [(me, "weather.get")]  # no duplicate tool, under no new owner
+    assert [str(a["owner"]) for a in agents].count(me) == 1  # one social-bot
+    monkeypatch.setenv("TOOLRELAY_OWNER", me)
+    assert runner.invoke(app, ["owner", "show"]).stdout.startswith(me)
+
+
+def test_the_old_owner_file_is_named_in_the_error(shared_db: Path) -> None:
+    home = shared_db / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    known = str(uuid.uuid4())
+    (home / "owner").write_text(known + "\n")
+    result = runner.invoke(app, ["tool", "list"])
+    assert result.exit_code == 1
+    assert f"TOOLRELAY_OWNER={known}" in result.stderr
