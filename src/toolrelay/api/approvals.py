@@ -2,7 +2,9 @@
 invocations would send (credential masked), and approves or rejects them.
 
 Server-rendered (Jinja2, autoescaped), a little plain JS that refreshes the list, no
-third-party assets. The owner token lives in an HttpOnly, SameSite=Strict cookie; every
+third-party assets. Text that agents or upstreams control goes through ``shown``: control,
+bidi and invisible format characters are drawn as marked escapes (``\\u202e``), never raw;
+the masked credential is a badge drawn from ``Part.secret``, not from any text. The owner token lives in an HttpOnly, SameSite=Strict cookie; every
 form carries a CSRF token bound to it, and cross-site form posts are refused.
 """
 
@@ -10,7 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
+import sys
+import unicodedata
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -19,6 +24,7 @@ from uuid import UUID
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup, escape
 
 from toolrelay.api.auth import authenticate
 from toolrelay.api.context import ApiContext, get_context
@@ -43,6 +49,79 @@ _env = Environment(
 )
 
 Ctx = Annotated[ApiContext, Depends(get_context)]
+
+
+# --- characters that must not be drawn raw ---------------------------------------------------
+
+# Besides the Cc, Cf, Cs, Zl and Zp categories (C0, DEL, C1; bidi embeddings, overrides,
+# isolates and marks; zero-width and other format characters; U+FEFF; line and paragraph
+# separators; lone surrogates): the default-ignorable code points of other categories, which
+# draw nothing either (combining grapheme joiner, Hangul fillers, Khmer inherent vowels,
+# Mongolian and other variation selectors, and the reserved default-ignorable ranges), and
+# format characters newer than this Python's Unicode tables (Egyptian hieroglyph controls).
+_INVISIBLE = (
+    (0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x2065, 0x2065),
+    (0x3164, 0x3164), (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8),
+    (0x13430, 0x1343F), (0xE0000, 0xE0FFF),
+)  # fmt: skip
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _hidden_class() -> str:
+    every = range(sys.maxunicode + 1)
+    points = {c for c in every if unicodedata.category(chr(c)) in _HIDDEN_CATEGORIES}
+    for first, last in _INVISIBLE:
+        points.update(range(first, last + 1))
+    ranges: list[str] = []
+    run: list[int] = []
+    for point in sorted(points):
+        if run and point == run[-1] + 1:
+            run[-1] = point
+            continue
+        if run:
+            ranges.append(_range(*run))
+        run = [point, point]
+    ranges.append(_range(*run))
+    return "".join(ranges)
+
+
+def _range(first: int, last: int) -> str:
+    return f"\\U{first:08x}" if first == last else f"\\U{first:08x}-\\U{last:08x}"
+
+
+_HIDDEN_CLASS = _hidden_class()
+_HIDDEN = re.compile(f"[{_HIDDEN_CLASS}]")
+_HIDDEN_IN_BLOCK = re.compile(f"(?![\\t\\n])[{_HIDDEN_CLASS}]")  # a body keeps its layout
+
+
+def shown(value: object, block: bool = False) -> Markup:
+    """``value`` as HTML text in which every control, bidi or invisible character is a
+    visibly marked escape (``<span class="esc">\\u202e</span>``) instead of itself; with
+    ``block`` tabs and newlines stay (the indented JSON body)."""
+    text = "" if value is None else str(value)
+    pattern = _HIDDEN_IN_BLOCK if block else _HIDDEN
+    pieces: list[Markup] = []
+    pos = 0
+    for match in pattern.finditer(text):
+        pieces.append(escape(text[pos : match.start()]))
+        pieces.append(_escape_mark(match.group()))
+        pos = match.end()
+    if not pieces:
+        return escape(text)
+    pieces.append(escape(text[pos:]))
+    return Markup("").join(pieces)
+
+
+def _escape_mark(char: str) -> Markup:
+    point = ord(char)
+    code = f"\\u{point:04x}" if point <= 0xFFFF else f"\\U{point:08x}"
+    name = unicodedata.name(char, "") or (
+        "control character" if unicodedata.category(char) == "Cc" else "invisible character"
+    )
+    return Markup('<span class="esc" title="U+{:04X} {}">{}</span>').format(point, name, code)
+
+
+_env.filters["shown"] = shown
 
 
 # --- sessions and CSRF -----------------------------------------------------------------------

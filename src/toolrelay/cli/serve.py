@@ -8,11 +8,17 @@ import typer
 
 from toolrelay import config, logs
 from toolrelay.cli.context import database, err_console, fail
-from toolrelay.credentials import Keyring, keyring_from_env
+from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
+from toolrelay.db import Database
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.worker import WorkerSettings
 from toolrelay.errors import ConfigurationError, ToolrelayError
 from toolrelay.tokens import JWT_SECRET_ENV
+
+# toolrelay.api.server's defaults (not imported here: importing toolrelay.api loads the app).
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_BODY_TIMEOUT = 30.0
+DEFAULT_MAX_SLOW = 100
 
 
 def serve(
@@ -27,18 +33,35 @@ def serve(
         False, help="Trust X-Forwarded-* from 127.0.0.1 (behind a TLS-terminating proxy)."
     ),
     log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR."),
+    header_timeout: float = typer.Option(
+        DEFAULT_HEADER_TIMEOUT,
+        min=0.1,
+        help="Seconds for a request's line and headers (from connecting, or from the next"
+        " request's first byte); then 408 and the connection is closed.",
+    ),
+    body_timeout: float = typer.Option(
+        DEFAULT_BODY_TIMEOUT,
+        min=0.1,
+        help="Seconds a request body may take once its headers are in; then closed.",
+    ),
+    max_slow_connections: int = typer.Option(
+        DEFAULT_MAX_SLOW,
+        min=1,
+        help="Connections that may be sending headers at once; past it the oldest is closed.",
+    ),
 ) -> None:
     """Serve the HTTP API (/v1, OpenAPI at /openapi.json) and the approvals page."""
     import uvicorn
 
     from toolrelay.api import ApiSettings, create_app
+    from toolrelay.api.server import ConnectionLimits, protocol_class
 
     logs.configure(log_level)
     try:
         db = database()
         settings = ApiSettings(
             database_url=db.url,
-            keyring=_keyring(),
+            keyring=_keyring(db),
             egress=EgressPolicy.from_env(),
             jwt_secret=os.environ.get(JWT_SECRET_ENV) or None,
             run_worker=not no_worker,
@@ -47,20 +70,25 @@ def serve(
         app = create_app(settings)
     except ToolrelayError as exc:
         raise fail(exc) from None
+    limits = ConnectionLimits(header_timeout, body_timeout, max_slow_connections)
     uvicorn.run(
         app,
         host=host,
         port=port,
+        http=protocol_class(limits),  # h11 with header/body deadlines (docs/api.md, Limits)
         log_level=log_level.lower(),
         proxy_headers=proxy_headers,
         server_header=False,
     )
 
 
-def _keyring() -> Keyring | None:
-    """The master keys; without them credentials cannot be added or used (a warning)."""
+def _keyring(db: Database) -> Keyring | None:
+    """The master keys; without them credentials cannot be added or used (a warning).
+    Keys in use by stored credentials but missing refuse the start (MissingMasterKey)."""
     try:
-        return keyring_from_env(embedded=config.database_url_from_env() is None)
+        return load_keyring(db, embedded=config.database_url_from_env() is None)
+    except MissingMasterKey:
+        raise
     except ConfigurationError as exc:
         err_console.print(f"warning: {exc.message}", markup=False, highlight=False)
         return None

@@ -1,8 +1,13 @@
 """What approving an invocation will send: the rendered request with the credential masked.
 
 Rendered exactly as the dispatcher renders it (same template function, no schema defaults,
-same added headers). The credential is never read, let alone decrypted: its place in the
-request shows ``••••`` after the tool's prefix.
+same added headers). The credential is never read, let alone decrypted.
+
+Its place is structured, never a substring: a header value and the URL are sequences of
+``Part``s, and the credential is the one ``Part`` with ``secret=True`` (no text). The page
+draws that part as its own badge, so agent input that happens to contain ``••••`` (or any
+other text) cannot pass for it. ``url`` and ``headers`` are plain-text views for logs and
+tests, where the credential is ``MASK`` and cannot be told from input.
 """
 
 from __future__ import annotations
@@ -18,46 +23,94 @@ from toolrelay.errors import TemplateError
 
 MASK = "••••"
 
-__all__ = ["MASK", "RequestPreview", "preview_request"]
+__all__ = ["MASK", "Header", "Part", "RequestPreview", "preview_request"]
+
+
+@dataclass(frozen=True)
+class Part:
+    """A run of a header value or of the URL: text as it is sent, or (``secret``) the place
+    where the dispatcher puts the credential, which has no text here."""
+
+    text: str = ""
+    secret: bool = False
+
+    @property
+    def plain(self) -> str:
+        return MASK if self.secret else self.text
+
+
+SECRET = Part(secret=True)
+
+
+@dataclass(frozen=True)
+class Header:
+    name: str
+    value: tuple[Part, ...]
+
+    @property
+    def plain(self) -> str:
+        return "".join(part.plain for part in self.value)
 
 
 @dataclass(frozen=True)
 class RequestPreview:
     method: str
-    url: str
-    headers: list[tuple[str, str]] = field(default_factory=list)
+    url_parts: tuple[Part, ...] = ()
+    header_lines: list[Header] = field(default_factory=list)
     body: str | None = None  # JSON text, indented
     error: str | None = None  # the request cannot be rendered: approving will fail it
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """The URL as text, the credential as ``MASK`` (not for display: see ``url_parts``)."""
+        return "".join(part.plain for part in self.url_parts)
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """Headers as text, the credential as ``MASK`` (not for display: ``header_lines``)."""
+        return [(header.name, header.plain) for header in self.header_lines]
+
+    @property
+    def has_secret(self) -> bool:
+        return any(part.secret for part in self.url_parts) or any(
+            part.secret for header in self.header_lines for part in header.value
+        )
+
+
+def _text(value: str) -> tuple[Part, ...]:
+    return (Part(value),) if value else ()
 
 
 def preview_request(row: Mapping[str, Any]) -> RequestPreview:
     """``row`` has the invocation's id and input and its tool's dispatch settings."""
     warnings = _warnings(row)
     if not row["endpoint_url"]:
-        return RequestPreview(row["http_method"], "", error="the tool has no endpoint_url")
+        return RequestPreview(
+            row["http_method"], error="the tool has no endpoint_url", warnings=warnings
+        )
     try:
         rendered = build_request(row)
     except TemplateError as exc:
         return RequestPreview(
             row["http_method"],
-            row["endpoint_url"],
+            _text(row["endpoint_url"]),
             error=f"{exc.message} (approving fails it with template_error)",
             warnings=warnings,
         )
-    headers = list(rendered.headers.items())
-    url = rendered.url
+    headers = [Header(name, _text(value)) for name, value in rendered.headers.items()]
+    url: tuple[Part, ...] = _text(rendered.url)
     if _uses_credential(row):
-        masked = f"{row['auth_param_prefix']}{MASK}"
+        prefix = row["auth_param_prefix"] or ""
         if row["auth_placement"] == "query":
-            url += (
-                "&" if "?" in url else "?"
-            ) + f"{quote(row['auth_param_name'], safe='')}={masked}"
+            sep = "&" if "?" in rendered.url else "?"
+            name = quote(row["auth_param_name"], safe="")
+            url = (Part(f"{rendered.url}{sep}{name}={prefix}"), SECRET)
         else:
-            headers.append((row["auth_param_name"], masked))
+            headers.append(Header(row["auth_param_name"], (*_text(prefix), SECRET)))
     body = None
     if rendered.body is not None:
-        headers.append(("Content-Type", "application/json"))
+        headers.append(Header("Content-Type", _text("application/json")))
         body = json.dumps(rendered.body, indent=2, ensure_ascii=False)
     return RequestPreview(rendered.method, url, headers, body, warnings=warnings)
 
