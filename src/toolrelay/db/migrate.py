@@ -27,6 +27,44 @@ class Migration:
     sql: str
 
 
+# Supabase's default privileges grant EXECUTE on every new function in schema public to
+# anon (the role of a request without a login), and ALL on every new table there. Our
+# functions check the caller themselves, but none is meant for anon: after every run, and
+# so for functions that later migrations create too, no public.fn_* is executable by anon
+# or PUBLIC (what PUBLIC could call, authenticated and service_role keep), and the ledger
+# is the migrating role's alone. Idempotent; nothing happens where no role anon exists.
+CLOSE_TO_ANON = r"""
+DO $$
+DECLARE
+    v_fn regprocedure;
+    v_api_roles text := (SELECT string_agg(quote_ident(r), ', ') FROM unnest(
+        ARRAY['authenticated', 'service_role']) AS r WHERE to_regrole(r) IS NOT NULL);
+BEGIN
+    IF to_regrole('anon') IS NULL THEN
+        RETURN;
+    END IF;
+    FOR v_fn IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+         WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'fn\_%'
+         ORDER BY p.oid
+    LOOP
+        IF EXISTS (SELECT 1 FROM pg_proc p,
+                          aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                    WHERE p.oid = v_fn AND a.grantee = 0 AND a.privilege_type = 'EXECUTE') THEN
+            IF v_api_roles IS NOT NULL THEN
+                EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', v_fn, v_api_roles);
+            END IF;
+            EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', v_fn);
+        END IF;
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM anon', v_fn);
+    END LOOP;
+    EXECUTE 'REVOKE ALL ON public.toolrelay_migrations FROM PUBLIC, anon'
+            || coalesce(', ' || v_api_roles, '');
+END
+$$
+"""
+
+
 def available_migrations() -> list[Migration]:
     files = resources.files(MIGRATIONS_PACKAGE)
     found = []
@@ -44,7 +82,8 @@ def applied_migrations(conn: psycopg.Connection[tuple[object, ...]]) -> set[str]
 
 
 def migrate(url: str, target: str | None = None) -> list[str]:
-    """Apply pending migrations up to ``target`` (inclusive); return the versions applied."""
+    """Apply pending migrations up to ``target`` (inclusive), then ``CLOSE_TO_ANON``;
+    return the versions applied."""
     applied_now: list[str] = []
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
@@ -62,6 +101,8 @@ def migrate(url: str, target: str | None = None) -> list[str]:
                         (migration.version, migration.name),
                     )
                 applied_now.append(migration.version)
+            with conn.transaction():
+                conn.execute(CLOSE_TO_ANON)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied_now

@@ -35,24 +35,28 @@ from toolrelay.registry.validation import check_tool, validate_input
 JSON_COLUMNS = frozenset({"schema_input", "schema_output", "request_template"})
 DEFAULT_LIST_LIMIT = 50
 
+# LEFT: history outlives its tool and agent (their key and name were copied on deletion).
 _INVOCATIONS = (
-    "SELECT i.*, t.key AS tool_key, a.name AS agent_name"
+    "SELECT i.*, coalesce(t.key, i.deleted_tool_key) AS tool_key,"
+    " coalesce(a.name, i.deleted_agent_name) AS agent_name"
     " FROM agents.tool_invocations i"
-    " JOIN agents.tools_registry t ON t.id = i.tool_id"
-    " JOIN agents.agents a ON a.id = i.agent_id"
+    " LEFT JOIN agents.tools_registry t ON t.id = i.tool_id"
+    " LEFT JOIN agents.agents a ON a.id = i.agent_id"
 )
 
 # Pending invocations with what a reviewer needs to see the exact request approval sends.
 _REVIEW_QUEUE = """
-SELECT i.id, i.input, i.created_at, i.approval_expires_at, i.agent_id, a.name AS agent_name,
-       i.tool_id, t.key AS tool_key, t.name AS tool_name, t.description AS tool_description,
+SELECT i.id, i.input, i.created_at, i.approval_expires_at, i.agent_id,
+       coalesce(a.name, i.deleted_agent_name) AS agent_name,
+       i.tool_id, coalesce(t.key, i.deleted_tool_key) AS tool_key, t.name AS tool_name,
+       t.description AS tool_description,
        t.endpoint_url, t.http_method, t.request_template, t.schema_input, t.auth_method,
        t.auth_placement, t.auth_param_name, t.auth_param_prefix, t.credential_ref,
        t.idempotency_header, t.egress_class, t.is_dangerous,
        agents.tool_fingerprint(t) IS DISTINCT FROM i.config_fingerprint AS tool_changed
   FROM agents.tool_invocations i
-  JOIN agents.tools_registry t ON t.id = i.tool_id
-  JOIN agents.agents a ON a.id = i.agent_id
+  LEFT JOIN agents.tools_registry t ON t.id = i.tool_id
+  LEFT JOIN agents.agents a ON a.id = i.agent_id
  WHERE i.status = 'pending'
    AND (i.approval_expires_at IS NULL OR i.approval_expires_at > now())
  ORDER BY i.created_at, i.id
@@ -360,9 +364,11 @@ class Registry:
             return conn.execute(
                 _INVOCATIONS + " WHERE (%(status)s::text IS NULL OR i.status = %(status)s)"
                 " AND (%(tool_id)s::uuid IS NULL OR i.tool_id = %(tool_id)s)"
-                " AND (%(tool_key)s::text IS NULL OR t.key = %(tool_key)s)"
+                " AND (%(tool_key)s::text IS NULL"
+                "      OR coalesce(t.key, i.deleted_tool_key) = %(tool_key)s)"
                 " AND (%(agent_id)s::uuid IS NULL OR i.agent_id = %(agent_id)s)"
-                " AND (%(agent_name)s::text IS NULL OR a.name = %(agent_name)s)"
+                " AND (%(agent_name)s::text IS NULL"
+                "      OR coalesce(a.name, i.deleted_agent_name) = %(agent_name)s)"
                 " AND (%(before_at)s::timestamptz IS NULL"
                 "      OR (i.created_at, i.id) < (%(before_at)s, %(before_id)s::uuid))"
                 " ORDER BY i.created_at DESC, i.id DESC LIMIT %(limit)s",
