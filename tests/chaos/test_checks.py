@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.chaos.records import claim_row, now, send, tool_row, version
 from toolrelay.chaos.checks import (
     AttemptRow,
     CheckResult,
@@ -27,7 +28,8 @@ from toolrelay.chaos.checks import (
     check_writes_at_most_once,
     run_checks,
 )
-from toolrelay.chaos.upstream import Arrival
+from toolrelay.chaos.fidelity import HostsVersion
+from toolrelay.chaos.upstream import Arrival, ChaosUpstream
 
 INV = "00000000-0000-4000-8000-000000000001"
 
@@ -80,13 +82,26 @@ def data(
     return RunData(invocations=[invocation], attempts=rows, arrivals={INV: arrivals}, **fields)
 
 
-def test_a_clean_run_passes_every_check() -> None:
-    results = run_checks(data(inv(), [arrival()]))
+async def test_a_clean_run_passes_every_check(upstream: ChaosUpstream) -> None:
+    # The request as the dispatcher really sends it, under the tool's logged configuration.
+    row = tool_row(upstream.base_url, "chaos.post", "POST")
+    record = inv(input={"n": 1, "text": "x"}, created_at=now() - 1)
+    sent = await send(upstream, claim_row(row, INV, record.input))
+    answer = replace(sent, action="ok", status=201, complete=True)
+    clean = data(record, [answer], versions={"chaos.post": [version(row)]})
+    results = run_checks(clean)
     assert all(r.ok for r in results), [r for r in results if not r.ok]
 
 
 def test_stuck_invocation_fails_terminal() -> None:
     assert not check_terminal(data(inv(status="running"), [])).ok
+
+
+def test_a_drain_that_did_not_exit_0_fails_terminal() -> None:
+    assert check_terminal(data(inv(), [], drain_exit=0)).ok
+    for code in (1, None):
+        result = check_terminal(data(inv(), [], drain_exit=code))
+        assert not result.ok and "worker --drain" in result.violations[0]
 
 
 def test_write_processed_twice_fails_but_refusals_do_not_count() -> None:
@@ -224,3 +239,38 @@ def test_probe_and_coverage() -> None:
     covered: CheckResult = check_coverage(data(inv(), [], coverage={"kills": (3, 1)}))
     assert covered.ok
     assert not check_coverage(data(inv(), [], coverage={"kills": (0, 1)})).ok
+
+
+def test_credential_sent_only_while_its_hosts_admitted_the_upstream() -> None:
+    cred = "00000000-0000-4000-8000-0000000000cc"
+    row = tool_row("http://127.0.0.1:8080", "chaos.read_key", "GET", credential_ref=cred)
+    sent = arrival(auth_ok=True, headers=(("Host", "127.0.0.1:8080"),), wall=10.0)
+    record = inv(tool="chaos.read_key", created_at=5.0)
+
+    def run(*hosts: HostsVersion) -> bool:
+        logged = data(
+            record, [sent], versions={"chaos.read_key": [version(row)]}, hosts={cred: list(hosts)}
+        )
+        return check_requests_identified(logged).ok
+
+    assert run(HostsVersion(["127.0.0.1"]))
+    assert run(HostsVersion(["127.0.0.1:8080"]))
+    assert not run(HostsVersion(["127.0.0.1:8081"]))
+    assert not run()
+    # the binding admitted it only before the call was made, or only after the request
+    assert not run(HostsVersion(["127.0.0.1"], end=4.0), HostsVersion(["x"], start=3.9))
+    assert not run(HostsVersion(["x"], end=11.0), HostsVersion(["127.0.0.1"], start=10.5))
+    assert run(HostsVersion(["127.0.0.1"], end=6.0), HostsVersion(["x"], start=5.9))
+
+
+def test_tools_whose_gating_changed_are_left_to_requests_as_approved() -> None:
+    row = tool_row("http://127.0.0.1:8080", "chaos.post", "POST")
+    never = inv(gated=True, status="failed", approval_status="not_required", decided=False)
+    sent_once = data(never, [arrival()], decisions={})
+    assert not check_gated(sent_once).ok
+    toggled = replace(
+        sent_once,
+        versions={"chaos.post": [version(row, 0, gated=False), version(row, 1, gated=True)]},
+    )
+    result = check_gated(toggled)
+    assert result.ok and "1 tools gated and ungated" in result.summary

@@ -1,18 +1,29 @@
 """The invariants a chaos run must keep, as pure functions over what was recorded.
 
-Three witnesses are compared: the database (invocations and their attempt history), the
-upstream (every request it received, by invocation id, and what it answered), and the
-logs. docs/reliability.md states each invariant in words; the names here match it.
+Four witnesses are compared: the database (invocations and their attempt history), the
+upstream (every request it received, by invocation id, and what it answered), the log of
+every configuration the owner wrote, and the logs. docs/reliability.md states each
+invariant in words; the names here match it.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrelay.chaos.fidelity import (
+    Call,
+    ConfigVersion,
+    HostsVersion,
+    Judge,
+    credential_admitted,
+    follows_redirect,
+)
 from toolrelay.chaos.upstream import Arrival
+from toolrelay.dispatch.outcome import scrub
 from toolrelay.dispatch.policy import is_idempotent
 
 TERMINAL = frozenset({"completed", "failed", "rejected", "expired"})
@@ -35,6 +46,10 @@ class InvocationRow:
     http_status: int | None
     attempt: int
     output: Any
+    input: Any = field(default_factory=dict)
+    created_at: float = 0.0  # epoch seconds
+    decided_at: float | None = None
+    request_digest: str | None = None
 
     @property
     def write(self) -> bool:
@@ -65,6 +80,25 @@ class RunData:
     decisions: Mapping[str, str] = field(default_factory=dict)  # invocation -> script choice
     probe_ids: Sequence[str] = ()
     coverage: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # name -> (got, min)
+    versions: Mapping[str, Sequence[ConfigVersion]] = field(default_factory=dict)  # by tool
+    hosts: Mapping[str, Sequence[HostsVersion]] = field(default_factory=dict)  # by credential
+    committed: Mapping[str, float] = field(default_factory=dict)  # invocation -> made by then
+    drain_exit: int | None = 0  # the final worker --drain's exit code (None: timed out)
+
+    def gating_changed(self) -> set[str]:
+        """Tools the owner gated or ungated during the run."""
+        return {k for k, vs in self.versions.items() if len({v.gated for v in vs}) > 1}
+
+    def call(self, inv: InvocationRow) -> Call:
+        return Call(
+            id=inv.id,
+            tool=inv.tool,
+            input=inv.input,
+            created_at=inv.created_at,
+            created_by=self.committed.get(inv.id, math.inf),
+            decided_at=inv.decided_at,
+            request_digest=inv.request_digest,
+        )
 
     def attempts_by_invocation(self) -> dict[str, list[AttemptRow]]:
         grouped: dict[str, list[AttemptRow]] = defaultdict(list)
@@ -136,6 +170,9 @@ def _gave_a_definite_answer(inv: InvocationRow, arrivals: Sequence[Arrival]) -> 
 
 def check_terminal(data: RunData) -> CheckResult:
     bad = [f"{i.id} ({i.tool}) is {i.status}" for i in data.invocations if i.status not in TERMINAL]
+    if data.drain_exit != 0:
+        ended = "timed out" if data.drain_exit is None else f"exited {data.drain_exit}"
+        bad.insert(0, f"the final worker --drain {ended} (see chaos-out/logs/worker-drain.log)")
     return _result(
         "all_terminal",
         len(data.invocations),
@@ -290,8 +327,9 @@ def check_result_from_last_claim(data: RunData) -> CheckResult:
 
 def check_gated(data: RunData) -> CheckResult:
     bad, gated = [], 0
+    changed = data.gating_changed()  # requests_as_approved decides each of their requests
     for inv in data.invocations:
-        if not inv.gated:
+        if not inv.gated or inv.tool in changed:
             continue
         gated += 1
         seen = len(data.arrivals.get(inv.id, ()))
@@ -303,10 +341,12 @@ def check_gated(data: RunData) -> CheckResult:
             bad.append(f"{inv.id} ({inv.tool}) sent although the script chose {scripted}")
         if inv.status == "rejected" and (seen or scripted not in (None, "reject")):
             bad.append(f"{inv.id} ({inv.tool}) rejected, script {scripted}, seen {seen}")
+    also = f" ({len(changed)} tools gated and ungated: see requests_as_approved)" if changed else ""
     return _result(
         "gated_only_after_approval",
         gated,
-        "nothing gated reached the upstream unless approved; rejected and unapproved ones never",
+        "nothing gated reached the upstream unless approved; rejected and unapproved ones"
+        f" never{also}",
         bad,
     )
 
@@ -344,13 +384,66 @@ def check_requests_identified(data: RunData) -> CheckResult:
         for a in seen:
             if a.auth_ok is False:
                 bad.append(f"{inv_id} ({inv.tool}) request {a.seq} had a wrong credential")
+            if a.auth_ok and not _bound_here(data, inv, a):
+                bad.append(
+                    f"{inv_id} ({inv.tool}) request {a.seq} carried a credential whose allowed"
+                    " hosts did not admit the upstream at any moment since the call was made"
+                )
             if inv.idempotency_header and a.idempotency_key != f"toolrelay-{inv_id}":
                 bad.append(f"{inv_id} ({inv.tool}) request {a.seq} without its idempotency key")
     return _result(
         "requests_identified",
         total,
-        "every request named a known invocation, carried the right credential and, where"
-        " declared, its idempotency key",
+        "every request named a known invocation, carried the right credential (one its"
+        " allowed hosts admitted here) and, where declared, its idempotency key",
+        bad,
+    )
+
+
+def _bound_here(data: RunData, inv: InvocationRow, arrival: Arrival) -> bool:
+    versions = data.versions.get(inv.tool, ())
+    refs = {str(v.row.get("credential_ref")) for v in versions if v.row.get("credential_ref")}
+    hosts = [h for ref in refs for h in data.hosts.get(ref, ())]
+    return credential_admitted(hosts, arrival, inv.created_at)
+
+
+def check_requests_as_approved(data: RunData) -> CheckResult:
+    """Every request received is a rendering that was approved, or one made while its tool
+    was ungated under a configuration current in between (fidelity.py)."""
+    judge = Judge(data.versions)
+    known = {i.id: i for i in data.invocations}
+    values = [v for vs in data.secrets.values() for v in vs]
+    bad: list[str] = []
+    how: Counter[str] = Counter()
+    if data.without_invocation:
+        bad.append(f"{data.without_invocation} request(s) without an invocation header")
+    for inv_id in [i.id for i in data.invocations] + sorted(set(data.arrivals) - set(known)):
+        seen = data.arrivals.get(inv_id, ())
+        inv = known.get(inv_id)
+        if inv is None:
+            bad.append(f"{len(seen)} request(s) for unknown invocation {inv_id!r}")
+            continue
+        for a in seen:
+            where = f"{inv.id} ({inv.tool}) request {a.seq} at {a.target.partition('?')[0]}"
+            if a.target.startswith("/final/"):
+                previous = seen[a.seq - 2] if a.seq >= 2 else None
+                if follows_redirect(previous, a):
+                    how["followed redirect"] += 1
+                else:
+                    bad.append(f"{where}: a redirect target, but no redirect of it was followed")
+                continue
+            verdict = judge.verdict(data.call(inv), a)
+            if verdict.how is None:
+                bad.append(f"{where}: {verdict.problem}")
+            else:
+                how[verdict.how] += 1
+    bad = list(scrub(bad, values))  # a credential sent where it does not belong stays unshown
+    shown = ", ".join(f"{n} {k}" for k, n in sorted(how.items()))
+    return _result(
+        "requests_as_approved",
+        sum(how.values()) + len(bad),
+        "every request received, credential and client headers aside, is the rendering that"
+        f" was approved or one made ungated under the configuration current ({shown})",
         bad,
     )
 
@@ -417,6 +510,7 @@ CHECKS = (
     check_gated,
     check_egress,
     check_requests_identified,
+    check_requests_as_approved,
     check_secrets,
     check_probe,
     check_coverage,

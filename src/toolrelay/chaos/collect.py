@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,17 @@ from toolrelay.chaos.checks import AttemptRow, InvocationRow
 _INVOCATIONS = """
 SELECT i.id::text AS id, t.key AS tool, t.http_method AS method, t.idempotency_header,
        t.max_attempts, agents.tool_is_gated(t) AS gated, i.status, i.approval_status,
-       i.decided_by IS NOT NULL AS decided, i.error_code, i.http_status, i.attempt, i.output
+       i.decided_by IS NOT NULL AS decided, i.error_code, i.http_status, i.attempt, i.output,
+       i.input, extract(epoch FROM i.created_at)::float8 AS created_at,
+       extract(epoch FROM i.decided_at)::float8 AS decided_at, i.request_digest
   FROM agents.tool_invocations i JOIN agents.tools_registry t ON t.id = i.tool_id
  ORDER BY i.created_at, i.id
+"""
+# Whether each logged configuration was gated, by the database's own definition.
+_GATING = """
+SELECT agents.tool_is_gated(jsonb_populate_record(NULL::agents.tools_registry, v.row)) AS gated
+  FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS v(row, n)
+ ORDER BY v.n
 """
 _ATTEMPTS = """
 SELECT id, invocation_id::text AS invocation_id, attempt, worker, status_code, error_code
@@ -32,6 +41,12 @@ def read_database(url: str) -> tuple[list[InvocationRow], list[AttemptRow]]:
         invocations = [InvocationRow(**row) for row in conn.execute(_INVOCATIONS).fetchall()]
         attempts = [AttemptRow(**row) for row in conn.execute(_ATTEMPTS).fetchall()]
     return invocations, attempts
+
+
+def read_gating(url: str, rows: Sequence[Mapping[str, Any]]) -> list[bool]:
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        found = conn.execute(_GATING, (json.dumps(list(rows), default=str),)).fetchall()
+    return [bool(row["gated"]) for row in found]
 
 
 @dataclass

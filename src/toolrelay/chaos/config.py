@@ -27,7 +27,11 @@ class ChaosConfig:
     quiesce_timeout: float = 120.0
     drain_timeout: float = 180.0
     token_failure_rate: float = 0.25
+    mutate_every: float = 1.0  # seconds between owner mutations, while invocations are created
+    max_mutations: int = 80
+    binding_probe: int = 6  # calls approved, then changed before any worker runs
     unsafe_no_fencing: bool = False
+    unsafe_no_binding: bool = False  # workers send approved calls as they render at claim
     server_url: str | None = None  # None: DATABASE_URL, else an embedded server
     out_dir: Path = field(default_factory=lambda: Path("chaos-out"))
     report_path: Path = field(default_factory=lambda: Path("chaos-report.json"))
@@ -43,6 +47,8 @@ class ChaosConfig:
             raise ValueError("--invocations must not be negative")
         if self.lease_seconds < 1:
             raise ValueError("--lease-seconds must be at least 1")
+        if self.mutate_every <= 0 or self.max_mutations < 0:
+            raise ValueError("mutate_every must be positive and max_mutations not negative")
 
     @classmethod
     def quick(cls, **overrides: Any) -> ChaosConfig:
@@ -56,6 +62,8 @@ class ChaosConfig:
             "stall_every": 8.0,
             "settle_seconds": 5.0,
             "approval_ttl": 6.0,
+            "mutate_every": 0.5,
+            "max_mutations": 40,
         }
         return cls(**(settings | overrides))
 

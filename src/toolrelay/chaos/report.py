@@ -76,6 +76,12 @@ def _numbers_table(report: ChaosReport) -> Table:
             f" {sum(n['token_endpoint']['failures'].values())} failed on purpose",
         ),
         ("approvals", ", ".join(f"{k} {v}" for k, v in n["approvals"].items())),
+        (
+            "owner mutations",
+            ", ".join(f"{k} {v}" for k, v in n["mutations"].items())
+            + f" ({n['configurations_written']} tool configurations written)",
+        ),
+        ("binding probe", _binding(n["binding_probe"])),
         ("drain", f"exit {n['drain'].get('exit_code')} after {n['drain'].get('seconds')} s"),
     ]
     for key, value in rows:
@@ -95,6 +101,14 @@ def _outcomes_table(numbers: dict[str, Any]) -> Table:
             outcome, str(kinds["write"].get(outcome, 0)), str(kinds["idempotent"].get(outcome, 0))
         )
     return table
+
+
+def _binding(probe: dict[str, int]) -> str:
+    return (
+        f"{probe['refused_unsent']} of {probe['approved_then_changed']} approved-then-changed"
+        f" refused unsent, {probe['waited_for_approval']} of {probe['made_ungated_then_gated']}"
+        " made-ungated-then-gated waited for approval"
+    )
 
 
 def _write_counts(counts: dict[str, int]) -> str:

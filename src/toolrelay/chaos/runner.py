@@ -1,15 +1,20 @@
 """One chaos run, start to finish.
 
 1. A fresh database, migrated; the upstream, token endpoint and canaries on loopback.
-2. The stale-lease probe: worker 0 takes a few slow reads and is frozen (SIGSTOP) past its
+2. The binding probe: before any worker runs, a few calls are approved as shown, then their
+   tool is changed (each must fail tool_changed without being sent), and a few are made on
+   an ungated tool that is then gated (each must wait for approval at its claim).
+3. The stale-lease probe: worker 0 takes a few slow reads and is frozen (SIGSTOP) past its
    lease; worker 1 takes them over; worker 0 is thawed while worker 1's requests are still
    in flight, so worker 0 tries to record results that are no longer its to record.
-3. The main phase: invocations created at a steady rate, the approval script deciding gated
-   ones, a random worker SIGKILLed (and restarted) every few seconds, another frozen past
-   its lease now and then, and, with --db-restart, PostgreSQL restarted once.
-4. Quiet: faults stop, the workers finish what is running and are stopped; a final
+4. The main phase: invocations created at a steady rate, the approval script deciding gated
+   ones, the owner changing tools and credentials (mutations.py), a random worker SIGKILLed
+   (and restarted) every few seconds, another frozen past its lease now and then, and, with
+   --db-restart, PostgreSQL restarted once.
+5. Quiet: faults stop, the workers finish what is running and are stopped; a final
    ``worker --drain`` must find nothing left, or finish it, and exit.
-5. The checks (checks.py) over the database, the upstream's records and the logs.
+6. The checks (checks.py) over the database, the upstream's records, the configuration log
+   and the logs.
 """
 
 from __future__ import annotations
@@ -33,11 +38,14 @@ import psycopg
 
 from toolrelay import config as env_config
 from toolrelay.chaos.checks import AttemptRow, CheckResult, InvocationRow, RunData, run_checks
-from toolrelay.chaos.collect import LogSummary, read_database, read_logs
+from toolrelay.chaos.collect import LogSummary, read_database, read_gating, read_logs
 from toolrelay.chaos.config import ChaosConfig
 from toolrelay.chaos.database import Server
+from toolrelay.chaos.mutations import KINDS, ConfigLog, Mutator, binding_change, regating_change
 from toolrelay.chaos.scenario import (
+    BIND_TOOL,
     PROBE_TOOL,
+    REGATE_TOOL,
     TOOLS,
     Approver,
     Creator,
@@ -48,9 +56,10 @@ from toolrelay.chaos.scenario import (
 )
 from toolrelay.chaos.upstream import ACTIONS, Canary, ChaosUpstream, StallScript, TokenEndpoint
 from toolrelay.chaos.workers import WorkerPool, worker_env
-from toolrelay.credentials import Keyring, generate_master_key
+from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
 from toolrelay.db import Database, migrate
 from toolrelay.errors import ConfigurationError
+from toolrelay.registry import Registry
 
 log = logging.getLogger("toolrelay.chaos")
 
@@ -160,6 +169,11 @@ class Run:
         self.db_restart_seconds: float | None = None
         self.events_path = cfg.out_dir / "chaos-events.jsonl"
         self.probe_ids: list[str] = []
+        self.bind_ids: list[str] = []
+        self.regate_ids: list[str] = []
+        self.owner_db: Database | None = None  # the owner's facade (approvals, mutations)
+        self.log: ConfigLog | None = None
+        self.mutator: Mutator | None = None
         self.creator: Creator | None = None
         self.approver: Approver | None = None
         self.approver_task: asyncio.Task[None] | None = None
@@ -203,6 +217,7 @@ class Run:
         self.events_path.unlink(missing_ok=True)
         try:
             setup = await self._setup()
+            await self._binding_probe(setup)
             await self._probe(setup)
             await self._main(setup)
             quiet = await self._quiesce()
@@ -253,27 +268,58 @@ class Run:
         setup.secrets["master_key"] = [self.master_key.partition(":")[2]]
         env = worker_env(self.db_url, self.master_key, cfg.out_dir / "home", cfg.unsafe_no_fencing)
         (cfg.out_dir / "home").mkdir(exist_ok=True)
+        module = "toolrelay.chaos.unbound" if cfg.unsafe_no_binding else "toolrelay.cli"
         self.pool = WorkerPool(
-            cfg.workers, env, cfg.out_dir / "logs", cfg.lease_seconds, cfg.concurrency
+            cfg.workers, env, cfg.out_dir / "logs", cfg.lease_seconds, cfg.concurrency, module
         )
         self.session = OwnerSession(self.db_url, setup.owner)
+        self.owner_db = Database(self.db_url)
+        registry = Registry(self.owner_db, setup.owner)
+        self.log = ConfigLog.initial(setup)
+        self.mutator = Mutator(
+            registry,
+            CredentialStore(self.owner_db, keyring),
+            setup,
+            self.log,
+            self.upstream.base_url,
+            int(self.upstream.base_url.rpartition(":")[2]),
+            random.Random(cfg.seed + 2),
+            every=cfg.mutate_every,
+        )
+        self.creator = Creator(self.session, setup)
+        self.approver = Approver(self.session, setup, cfg.seed, registry)
         self.phase("setup")
         return setup
+
+    async def _binding_probe(self, setup: Setup) -> None:
+        """Before any worker runs: calls approved as shown, then their tool changed (every
+        one must fail tool_changed unsent), and calls made ungated, then their tool gated
+        (every one must wait for an approval at its claim). The unsafe build sends all."""
+        assert self.creator is not None and self.approver is not None
+        assert self.mutator is not None
+        for n in range(self.cfg.binding_probe):
+            self.bind_ids.append(await self.creator.invoke_now(BIND_TOOL, {"n": n, "text": "b"}))
+            self.regate_ids.append(await self.creator.invoke_now(REGATE_TOOL, {"n": n}))
+        results = await self.approver.approve_these(self.bind_ids)
+        if results["approved"] != len(self.bind_ids):
+            raise ConfigurationError(f"chaos: binding probe approvals failed: {dict(results)}")
+        write = self.mutator.write_tool
+        await asyncio.to_thread(write, BIND_TOOL, "binding probe", binding_change)
+        await asyncio.to_thread(write, REGATE_TOOL, "re-gating probe", regating_change)
+        self.event(
+            "binding probe: approved or made ungated, then changed", calls=len(self.bind_ids)
+        )
+        self.phase("binding probe")
 
     async def _probe(self, setup: Setup) -> None:
         """Worker 0 frozen past its lease mid-request; worker 1 rescues; worker 0 thaws."""
         assert self.pool is not None and self.session is not None and self.upstream is not None
+        assert self.creator is not None
         pool, upstream = self.pool, self.upstream
         await pool.start(0)
         conn = await self.session.connection()
         for _ in range(self.cfg.probe_invocations):
-            cur = await conn.execute(
-                "SELECT fn_invoke_tool(%s, %s, '{}'::jsonb)::text",
-                (setup.agent_id, setup.tool_ids[PROBE_TOOL]),
-            )
-            row = await cur.fetchone()
-            assert row is not None
-            self.probe_ids.append(str(row[0]))
+            self.probe_ids.append(await self.creator.invoke_now(PROBE_TOOL, {}))
         ids = self.probe_ids
         await self._wait_until(
             lambda: all(len(upstream.seen(i)) >= 1 for i in ids), PROBE_WAIT, "probe requests"
@@ -312,21 +358,24 @@ class Run:
         return bool(row and row[0])
 
     async def _main(self, setup: Setup) -> None:
-        assert self.pool is not None and self.session is not None
+        assert self.pool is not None and self.creator is not None
+        assert self.approver is not None and self.mutator is not None
         cfg = self.cfg
         for index in range(2, cfg.workers):
             await self.pool.start(index)
         planned = plan_invocations(cfg.invocations, cfg.seed)
-        self.creator = Creator(self.session, setup)
-        self.approver = Approver(self.session, setup, cfg.seed)
         stop_faults = asyncio.Event()
         self.approver_task = asyncio.create_task(self.approver.run(self.stop_approver))
         faults = asyncio.create_task(self._faults(stop_faults))
+        mutating = asyncio.create_task(self.mutator.run(cfg.create_seconds, cfg.max_mutations))
         try:
             await self.creator.run(planned, cfg.create_seconds)
             self.event("all invocations created", created=self.creator.created)
+            await mutating
+            self.event("owner mutations done", **self.mutator.counts)
             await asyncio.sleep(cfg.settle_seconds)
         finally:
+            mutating.cancel()
             stop_faults.set()
             await faults
         self.phase("main")
@@ -400,14 +449,18 @@ class Run:
 
     async def _check(self, setup: Setup) -> None:
         assert self.server is not None and self.upstream is not None
-        assert self.approver is not None
+        assert self.approver is not None and self.log is not None and self.creator is not None
         cfg = self.cfg
         invocations, attempts = await asyncio.to_thread(read_database, self.db_url)
+        versions = [v for vs in self.log.tools.values() for v in vs]
+        gating = await asyncio.to_thread(read_gating, self.db_url, [v.row for v in versions])
+        for version, gated in zip(versions, gating, strict=True):
+            version.gated = gated
         dump = await asyncio.to_thread(self.server.pg_dump, self.db_url)
         logs, texts = await asyncio.to_thread(read_logs, cfg.out_dir / "logs")
         texts["pg_dump"] = dump
         texts["chaos events"] = self.events_path.read_text("utf-8")
-        self._write_upstream_record()
+        texts["upstream record"] = self._write_upstream_record()
         issued = setup.secrets["oauth_access_token"] + self.tokens.issued
         secrets = {**setup.secrets, "oauth_access_token": issued}
         numbers = self._numbers(invocations, attempts, logs)
@@ -425,23 +478,32 @@ class Run:
             decisions=self.approver.decisions,
             probe_ids=self.probe_ids,
             coverage=self._coverage(numbers),
+            versions=self.log.tools,
+            hosts=self.log.hosts,
+            committed=self.creator.committed,
+            drain_exit=self.drain_result.get("exit_code"),
         )
         self.report.checks = run_checks(data)
         self.phase("check")
 
-    def _write_upstream_record(self) -> None:
-        """Every request the upstream saw, one JSON line per invocation (no secrets in it)."""
+    def _write_upstream_record(self) -> str:
+        """Every request the upstream saw, one JSON line per invocation (no secrets in it:
+        the leak check reads it back)."""
         assert self.upstream is not None
-        with (self.cfg.out_dir / "upstream.jsonl").open("w", encoding="utf-8") as out:
-            for inv_id, seen in self.upstream.stats.arrivals.items():
-                line = {"invocation": inv_id, "requests": [a.as_dict() for a in seen]}
-                out.write(json.dumps(line) + "\n")
+        lines = [
+            json.dumps({"invocation": inv_id, "requests": [a.as_dict() for a in seen]}) + "\n"
+            for inv_id, seen in self.upstream.stats.arrivals.items()
+        ]
+        text = "".join(lines)
+        (self.cfg.out_dir / "upstream.jsonl").write_text(text, "utf-8")
+        return text
 
     def _numbers(
         self, invocations: list[InvocationRow], attempts: list[AttemptRow], logs: LogSummary
     ) -> dict[str, Any]:
         assert self.pool is not None and self.upstream is not None
         assert self.creator is not None and self.approver is not None
+        assert self.mutator is not None and self.log is not None
         by_outcome: Counter[str] = Counter()
         by_kind: dict[str, Counter[str]] = {"write": Counter(), "idempotent": Counter()}
         rows: Counter[str] = Counter(a.invocation_id for a in attempts)
@@ -486,6 +548,9 @@ class Run:
                 "tokens_issued": len(self.tokens.issued),
             },
             "approvals": dict(self.approver.results),
+            "mutations": dict(self.mutator.counts),
+            "configurations_written": sum(len(v) - 1 for v in self.log.tools.values()),
+            "binding_probe": self._binding_numbers(invocations),
             "faults": {
                 "kills": self.pool.events["killed"],
                 "stalls": self.pool.events["stalled"],
@@ -506,6 +571,26 @@ class Run:
             ),
         }
 
+    def _binding_numbers(self, invocations: list[InvocationRow]) -> dict[str, int]:
+        assert self.upstream is not None
+        seen = self.upstream.seen
+        bind, regate = set(self.bind_ids), set(self.regate_ids)
+        changed = [i for i in invocations if i.id in bind]
+        gated = [i for i in invocations if i.id in regate]
+        return {
+            "approved_then_changed": len(changed),
+            "refused_unsent": sum(
+                1
+                for i in changed
+                if (i.status, i.error_code) == ("failed", "tool_changed") and not seen(i.id)
+            ),
+            "changed_sent": sum(1 for i in changed if seen(i.id)),
+            "made_ungated_then_gated": len(gated),
+            # back to pending at the claim, then approved: sent only after that
+            "waited_for_approval": sum(1 for i in gated if i.decided),
+            "gated_sent_unapproved": sum(1 for i in gated if seen(i.id) and not i.decided),
+        }
+
     def _coverage(self, numbers: dict[str, Any]) -> dict[str, tuple[int, int]]:
         """What the run must have exercised for its passing checks to mean something."""
         faults = numbers["faults"]
@@ -516,7 +601,20 @@ class Run:
             "stalls": (faults["stalls"], 1),
             "rescued_leases": (numbers["rescued_leases"], probe),
             "stale_results_discarded": (numbers["stale_results_discarded"], probe),
+            "binding_probe_refused": (
+                numbers["binding_probe"]["refused_unsent"],
+                len(self.bind_ids),
+            ),
+            "regating_probe_waited": (
+                numbers["binding_probe"]["waited_for_approval"],
+                len(self.regate_ids),
+            ),
         }
+        # Every kind of owner mutation, when the run is long enough to reach each.
+        mutations = numbers["mutations"]
+        steps = min(self.cfg.max_mutations, int(self.cfg.create_seconds / self.cfg.mutate_every))
+        if steps > len(KINDS):
+            coverage |= {f"mutation_{kind}": (mutations.get(kind, 0), 1) for kind in KINDS}
         if self.cfg.db_restart:
             coverage["db_restarts"] = (faults["db_restarts"], 1)
         if self.cfg.invocations >= len(TOOLS) * len(ACTIONS):  # every action forced once
@@ -536,6 +634,9 @@ class Run:
         if self.session is not None:
             with contextlib.suppress(Exception):
                 await self.session.close()
+        if self.owner_db is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.owner_db.close)
         for closer in (self.upstream, self.tokens, *self.canaries):
             if closer is not None:
                 with contextlib.suppress(Exception):

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import random
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,16 +21,27 @@ from toolrelay.chaos.upstream import (
     API_KEY_HEADER,
     API_KEY_QUERY,
     IDEMPOTENCY_HEADER,
+    AnyOf,
     ChaosUpstream,
     CredentialCheck,
     TokenEndpoint,
 )
 from toolrelay.credentials import CredentialStore, Keyring
 from toolrelay.db import Database
+from toolrelay.dispatch.executor import build_request, request_digest
+from toolrelay.errors import (
+    ApprovalExpired,
+    Conflict,
+    InvalidState,
+    TemplateError,
+    ToolrelayError,
+)
 from toolrelay.registry import Registry, ToolSpec
 
 AGENT = "chaos-agent"
 PROBE_TOOL = "chaos.stall"
+BIND_TOOL = "chaos.bind"  # the binding probe's: approved, then changed before any claim
+REGATE_TOOL = "chaos.regate"  # ... and its calls made ungated, then the tool gated
 RECONNECT_DELAY = 0.5  # seconds between attempts to reach a database that went away
 DB_GONE = (psycopg.OperationalError, psycopg.InterfaceError)
 APPROVAL_POLL = 0.25  # seconds
@@ -85,6 +97,11 @@ class Setup:
     agent_id: UUID
     tool_ids: dict[str, UUID]
     secrets: dict[str, list[str]]  # kind -> values that must never be stored or logged
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool rows as registered
+    credentials: dict[str, UUID] = field(default_factory=dict)  # "api_key", "oauth"
+    api_keys: set[str] = field(default_factory=set)  # every API key the owner stored
+    rotated_tokens: set[str] = field(default_factory=set)  # access tokens rotated in
+    oauth: dict[str, Any] = field(default_factory=dict)  # the OAuth secret's fixed fields
 
 
 def template(method: str) -> dict[str, Any]:
@@ -122,6 +139,9 @@ def register(
     oauth_id = store.add(owner, "oauth", "chaos-oauth", json.dumps(oauth), ["127.0.0.1"])
     agent_id = registry.create_agent(AGENT)
     tool_ids: dict[str, UUID] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    api_keys = {api_key}  # rotations add to it (before storing): the upstream's live list
+    rotated: set[str] = set()
     for plan in TOOLS:
         fields: dict[str, Any] = {
             "key": plan.key,
@@ -147,18 +167,21 @@ def register(
                 "auth_placement": "query" if query else "header",
                 "auth_param_name": API_KEY_QUERY if query else API_KEY_HEADER,
             }
-            upstream.credentials[plan.key] = CredentialCheck(plan.auth, {api_key})
+            upstream.credentials[plan.key] = CredentialCheck(plan.auth, api_keys)
         elif plan.auth == "oauth":
             fields |= {
                 "auth_method": "oauth",
                 "credential_ref": oauth_id,
                 "auth_param_prefix": "Bearer ",
             }
-            # The live list: every token the endpoint issued is valid.
-            upstream.credentials[plan.key] = CredentialCheck("bearer", tokens.issued)
+            # The live lists: every token the endpoint issued or the owner rotated in.
+            upstream.credentials[plan.key] = CredentialCheck(
+                "bearer", AnyOf(tokens.issued, rotated)
+            )
         row = registry.register_tool(ToolSpec.from_mapping(fields))
         registry.assign(AGENT, plan.key)
         tool_ids[plan.key] = row["id"]
+        rows[plan.key] = dict(row)
     probe = registry.register_tool(
         ToolSpec.from_mapping(
             {
@@ -174,13 +197,62 @@ def register(
     )
     registry.assign(AGENT, PROBE_TOOL)
     tool_ids[PROBE_TOOL] = probe["id"]
+    rows[PROBE_TOOL] = dict(probe)
+    bind = registry.register_tool(
+        ToolSpec.from_mapping(
+            {
+                "key": BIND_TOOL,
+                "name": "binding probe",
+                "endpoint_url": f"{upstream.base_url}/api/{BIND_TOOL}",
+                "http_method": "POST",
+                "egress_class": "write",
+                "schema_input": INPUT_SCHEMA,
+                # chaos=ok: if it is ever sent, it is answered at once
+                "request_template": {"query": {"chaos": "ok"}, "body": {"n": "{{input.n}}"}},
+                "timeout_seconds": tool_timeout,
+                "max_attempts": 1,
+            }
+        )
+    )
+    registry.assign(AGENT, BIND_TOOL)
+    tool_ids[BIND_TOOL] = bind["id"]
+    rows[BIND_TOOL] = dict(bind)
+    regate = registry.register_tool(
+        ToolSpec.from_mapping(
+            {
+                "key": REGATE_TOOL,
+                "name": "re-gating probe",
+                "endpoint_url": f"{upstream.base_url}/api/{REGATE_TOOL}",
+                "http_method": "GET",
+                "egress_class": "read_only",
+                "schema_input": INPUT_SCHEMA,
+                "request_template": {"query": {"chaos": "ok", "n": "{{input.n}}"}},
+                "timeout_seconds": tool_timeout,
+                "max_attempts": 1,
+            }
+        )
+    )
+    registry.assign(AGENT, REGATE_TOOL)
+    tool_ids[REGATE_TOOL] = regate["id"]
+    rows[REGATE_TOOL] = dict(regate)
     secrets = {
         "api_key": [api_key],
         "oauth_access_token": [first_access],
         "oauth_refresh_token": [tokens.refresh_token],
         "oauth_client_secret": [tokens.client_secret],
     }
-    return Setup(owner, agent_id, tool_ids, secrets)
+    fixed = {k: v for k, v in oauth.items() if k not in ("access_token", "expires_in")}
+    return Setup(
+        owner,
+        agent_id,
+        tool_ids,
+        secrets,
+        rows=rows,
+        credentials={"api_key": key_id, "oauth": oauth_id},
+        api_keys=api_keys,
+        rotated_tokens=rotated,
+        oauth=fixed,
+    )
 
 
 # --- invocations ---------------------------------------------------------------------------
@@ -266,6 +338,9 @@ class Creator:
     setup: Setup
     created: int = 0
     retried_batches: int = 0
+    # invocation id -> wall clock once its creation had committed (the check needs when
+    # the call was made: between its created_at and this)
+    committed: dict[str, float] = field(default_factory=dict)
 
     async def run(self, planned: list[Planned], seconds: float) -> None:
         loop = asyncio.get_running_loop()
@@ -281,11 +356,14 @@ class Creator:
             conn = await self.session.connection()
             try:
                 existing = await self._existing(conn, batch)
+                for inv_id in existing.values():
+                    self.committed.setdefault(inv_id, time.time())
                 todo = [p for p in batch if p.run_id not in existing]
+                made = []
                 async with conn.transaction():
                     for p in todo:
-                        await conn.execute(
-                            "SELECT fn_invoke_tool(%s, %s, %s, %s)",
+                        cur = await conn.execute(
+                            "SELECT fn_invoke_tool(%s, %s, %s, %s)::text",
                             (
                                 self.setup.agent_id,
                                 self.setup.tool_ids[p.tool],
@@ -293,6 +371,11 @@ class Creator:
                                 p.run_id,
                             ),
                         )
+                        row = await cur.fetchone()
+                        assert row is not None
+                        made.append(str(row[0]))
+                done = time.time()
+                self.committed |= dict.fromkeys(made, done)
                 self.created += len(todo)
                 return
             except DB_GONE:
@@ -302,21 +385,55 @@ class Creator:
 
     async def _existing(
         self, conn: psycopg.AsyncConnection[Any], batch: list[Planned]
-    ) -> set[UUID]:
+    ) -> dict[UUID, str]:
         cur = await conn.execute(
-            "SELECT run_id FROM agents.tool_invocations WHERE run_id = ANY(%s)",
+            "SELECT run_id, id::text FROM agents.tool_invocations WHERE run_id = ANY(%s)",
             ([p.run_id for p in batch],),
         )
-        return {row[0] for row in await cur.fetchall()}
+        return {row[0]: row[1] for row in await cur.fetchall()}
+
+    async def invoke_now(self, tool: str, input: dict[str, Any]) -> str:
+        """One invocation outside the plan (the probes), its commit time recorded."""
+        conn = await self.session.connection()
+        cur = await conn.execute(
+            "SELECT fn_invoke_tool(%s, %s, %s)::text",
+            (self.setup.agent_id, self.setup.tool_ids[tool], Jsonb(input)),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        self.committed[str(row[0])] = time.time()
+        return str(row[0])
+
+
+# Pending invocations with the tool as it is now: what a reviewer is shown.
+_PENDING = """
+SELECT i.id::text, i.tool_id, i.input, to_jsonb(t) AS tool
+  FROM agents.tool_invocations i JOIN agents.tools_registry t ON t.id = i.tool_id
+ WHERE i.status = 'pending'
+"""
+
+
+def shown_digest(inv_id: str, input: Any, tool: dict[str, Any]) -> str | None:
+    """The digest of the exact request a reviewer is shown (the approvals page's preview)."""
+    try:
+        return request_digest(build_request(tool | {"id": inv_id, "input": input}))
+    except TemplateError:
+        return None
 
 
 @dataclass
 class Approver:
-    """Approves or rejects pending invocations by the script; leaves 'ignore' ones alone."""
+    """Approves or rejects pending invocations by the script; leaves 'ignore' ones alone.
+
+    An approval goes through ``Registry.approve`` with the digest of the request the
+    approver was shown when it listed the call; if the tool changed in between, nothing is
+    approved (Conflict) and the call is shown again in the next round.
+    """
 
     session: OwnerSession
     setup: Setup
     seed: int
+    registry: Registry
     decisions: dict[str, str] = field(default_factory=dict)
     results: Counter[str] = field(default_factory=Counter)
 
@@ -332,28 +449,56 @@ class Approver:
 
     async def _round(self, plans: dict[UUID, ToolPlan]) -> None:
         conn = await self.session.connection()
-        cur = await conn.execute(
-            "SELECT id::text, tool_id FROM agents.tool_invocations WHERE status = 'pending'"
-        )
-        for inv_id, tool_id in await cur.fetchall():
+        cur = await conn.execute(_PENDING)
+        shown: list[tuple[str, str | None]] = []
+        for inv_id, tool_id, input, tool in await cur.fetchall():
             if self.decisions.get(inv_id) == "ignore":
                 continue
-            choice = decision(inv_id, plans[tool_id], self.seed)
+            plan = plans.get(tool_id)
+            # outside the plan: the re-gating probe's calls, approved (pending since a claim)
+            choice = decision(inv_id, plan, self.seed) if plan is not None else "approve"
             self.decisions[inv_id] = choice
-            if choice == "ignore":
-                continue
-            try:
-                if choice == "approve":
-                    await conn.execute("SELECT fn_approve_tool_invocation(%s)", (inv_id,))
-                else:
+            if choice == "approve":
+                shown.append((inv_id, shown_digest(inv_id, input, tool)))
+            elif choice == "reject":
+                try:
                     reason = "chaos script says no ✋ — «rejected»"
                     await conn.execute("SELECT fn_reject_tool_invocation(%s, %s)", (inv_id, reason))
-                self.results["approved" if choice == "approve" else "rejected"] += 1
-            except psycopg.Error as exc:
-                if exc.sqlstate not in ("TR003", "TR004"):
-                    raise
-                # TR004: the approval window closed; TR003: the sweep expired it first.
-                self.results[f"{choice}_refused_{exc.sqlstate}"] += 1
+                    self.results["rejected"] += 1
+                except psycopg.Error as exc:
+                    if exc.sqlstate not in ("TR003", "TR004"):
+                        raise
+                    # TR004: the approval window closed; TR003: the sweep expired it first.
+                    self.results[f"reject_refused_{exc.sqlstate}"] += 1
+        if shown:
+            self.results += await asyncio.to_thread(self.approve_all, shown)
+
+    async def approve_these(self, ids: list[str]) -> Counter[str]:
+        """Approve these calls now, each as shown (the binding probe's)."""
+        conn = await self.session.connection()
+        cur = await conn.execute(_PENDING + " AND i.id = ANY(%s::uuid[])", (ids,))
+        shown = [(i, shown_digest(i, data, tool)) for i, _, data, tool in await cur.fetchall()]
+        self.decisions |= dict.fromkeys([i for i, _ in shown], "approve")
+        return await asyncio.to_thread(self.approve_all, shown)
+
+    def approve_all(self, shown: list[tuple[str, str | None]]) -> Counter[str]:
+        """Approve each as shown (sync: the owner's facade); stops when the database is
+        gone (the calls are still pending, the next round tries again)."""
+        results: Counter[str] = Counter()
+        for inv_id, digest in shown:
+            try:
+                self.registry.approve(inv_id, digest)
+                results["approved"] += 1
+            except Conflict:
+                results["approve_refused_conflict"] += 1  # tool changed, or no longer pending
+            except InvalidState:  # the sweep expired it first
+                results["approve_refused_TR003"] += 1
+            except ApprovalExpired:  # the approval window closed
+                results["approve_refused_TR004"] += 1
+            except (ToolrelayError, psycopg.Error) as exc:
+                results[f"approve_failed_{type(exc).__name__}"] += 1
+                break
+        return results
 
     async def pending(self) -> int:
         conn = await self.session.connection()

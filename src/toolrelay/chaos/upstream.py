@@ -1,7 +1,8 @@
 """The servers a chaos run talks to, all on loopback, all counting what reaches them.
 
 * ``ChaosUpstream``: the tools' endpoint. It records every request by its
-  ``X-Toolrelay-Invocation`` header and misbehaves on purpose: 5xx, refusals (429, 503 with
+  ``X-Toolrelay-Invocation`` header (method, raw target, headers and body, so the checks can
+  compare it with what was approved) and misbehaves on purpose: 5xx, refusals (429, 503 with
   Retry-After), answers slower than the tool's timeout, connection resets before and after
   reading the body, truncated bodies, redirects to addresses the egress guard must refuse,
   bodies that echo the credential back. An invocation can force one behaviour with the
@@ -63,6 +64,10 @@ class Arrival:
     action: str
     at: float
     idempotency_key: str | None = None
+    wall: float = 0.0  # time.time() at arrival: comparable with the database's timestamps
+    target: str = ""  # the request target as received, raw: path and query
+    headers: tuple[tuple[str, str], ...] = ()  # as received, in order, credential included
+    body: bytes = b""
     auth_ok: bool | None = None  # None: the tool has no credential
     status: int | None = None  # the status line sent, if any
     complete: bool = False  # a whole response was written
@@ -84,8 +89,20 @@ class Arrival:
             "accepted": self.accepted,
             "auth_ok": self.auth_ok,
             "idempotency_key": self.idempotency_key,
-            "redirect_to": self.redirect_to,
+            "redirect_to": _redacted(self.redirect_to),
         }
+
+
+def _redacted(location: str | None) -> str | None:
+    """A self-redirect repeats the query, credential included: never write that down."""
+    if location is None or f"{API_KEY_QUERY}=" not in location:
+        return location
+    path, _, query = location.partition("?")
+    parts = [
+        f"{API_KEY_QUERY}=[redacted]" if p.startswith(f"{API_KEY_QUERY}=") else p
+        for p in query.split("&")
+    ]
+    return f"{path}?{'&'.join(parts)}"
 
 
 @dataclass
@@ -94,6 +111,16 @@ class CredentialCheck:
 
     kind: str  # "api_key_header", "api_key_query" or "bearer"
     values: Container[str]
+
+
+class AnyOf:
+    """Values valid for a credential: several live collections (issued, rotated in)."""
+
+    def __init__(self, *parts: Container[str]) -> None:
+        self.parts = parts
+
+    def __contains__(self, value: object) -> bool:
+        return any(value in part for part in self.parts)
 
 
 @dataclass
@@ -189,6 +216,7 @@ class ChaosUpstream(_Server):
         app.router.add_route("*", "/stall", self._stall)
         app.router.add_route("*", "/final/{tool}", self._final)
         app.router.add_route("*", "/api/{tool}", self._api)
+        app.router.add_route("*", "/api/{tool}/{variant}", self._api)  # endpoint path changes
         await self._serve(app)
 
     def seen(self, invocation_id: str) -> list[Arrival]:
@@ -196,7 +224,7 @@ class ChaosUpstream(_Server):
 
     # --- handlers ------------------------------------------------------------------------
 
-    def _arrive(self, request: web.Request, action: str) -> Arrival | None:
+    async def _arrive(self, request: web.Request, action: str) -> Arrival | None:
         inv = request.headers.get(INVOCATION_HEADER)
         if not inv:
             self.stats.without_invocation += 1
@@ -209,8 +237,17 @@ class ChaosUpstream(_Server):
             action=action,
             at=time.monotonic(),
             idempotency_key=request.headers.get(IDEMPOTENCY_HEADER),
+            wall=time.time(),
+            target=request.raw_path,
+            headers=tuple(
+                (k.decode("latin-1"), v.decode("utf-8", "replace")) for k, v in request.raw_headers
+            ),
         )
         history.append(arrival)
+        # Read before any action, reset_before included: the body is part of the record,
+        # and reading it changes nothing the dispatcher can see (it sent it either way).
+        if request.can_read_body:
+            arrival.body = await request.read()
         self.stats.actions[action] += 1
         self.arrived.set()
         return arrival
@@ -238,25 +275,23 @@ class ChaosUpstream(_Server):
     async def _api(self, request: web.Request) -> web.StreamResponse:
         action = self._pick(request)
         tool = request.match_info["tool"]
-        arrival = self._arrive(request, action)
+        arrival = await self._arrive(request, action)
         if arrival is None:
             return web.json_response({"error": "no invocation header"}, status=400)
         self._check_auth(request, tool, arrival)
         if action == "reset_before":
             return _reset(request)
-        if request.can_read_body:
-            await request.read()
         return await self._act(request, tool, arrival)
 
     async def _final(self, request: web.Request) -> web.StreamResponse:
-        arrival = self._arrive(request, "ok")
+        arrival = await self._arrive(request, "ok")
         if arrival is None:
             return web.json_response({"error": "no invocation header"}, status=400)
         self._check_auth(request, request.match_info["tool"], arrival)
         return await _answer(request, arrival, self.rng.choice((200, 201, 202)))
 
     async def _stall(self, request: web.Request) -> web.StreamResponse:
-        arrival = self._arrive(request, "stall")
+        arrival = await self._arrive(request, "stall")
         if arrival is None:
             return web.json_response({"error": "no invocation header"}, status=400)
         if arrival.seq == 1:

@@ -37,6 +37,7 @@ class WorkerPool:
     log_dir: Path
     lease_seconds: float
     concurrency: int
+    module: str = "toolrelay.cli"  # or the deliberately broken toolrelay.chaos.unbound
     slots: list[Slot] = field(default_factory=list)
     events: Counter[str] = field(default_factory=Counter)
     exits: list[dict[str, object]] = field(default_factory=list)
@@ -48,7 +49,7 @@ class WorkerPool:
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def command(self, drain: bool = False) -> list[str]:
-        cmd = [sys.executable, "-m", "toolrelay.cli", "worker"]
+        cmd = [sys.executable, "-m", self.module, "worker"]
         cmd += [
             "--lease-seconds",
             f"{self.lease_seconds:g}",
