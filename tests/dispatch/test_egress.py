@@ -299,7 +299,7 @@ def test_from_env_defaults_to_empty_and_reads_os_environ(
     [
         "http://example.com",
         "*.example.com",
-        "localhost:8080",
+        "localhost:99999",  # entries may name a port, but not one out of range
         "bad host",
         "10.0.0.1/8",
         "10.0.0.0/33",

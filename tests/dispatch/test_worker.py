@@ -57,7 +57,10 @@ async def test_blocked_destination_is_refused_before_any_request(
     await drain(egress=EgressPolicy.from_env({}))  # the default: nothing private allowed
     inv = registry.get_invocation(inv_id)
     assert (inv["status"], inv["error_code"]) == ("failed", "egress_blocked")
-    assert "127.0.0.1" in inv["error"] and "loopback" in inv["error"]
+    # The agent is told no address; the owner's attempt row says which and why.
+    assert "destination not allowed" in inv["error"] and "127.0.0.1" not in inv["error"]
+    detail = inv["attempts"][0]["error"]
+    assert "127.0.0.1" in detail and "loopback" in detail
     assert upstream.seen == []
 
 

@@ -51,7 +51,7 @@ class Attempt:
             "status_code": self.status_code,
             "duration_ms": round((time.monotonic() - self.started) * 1000, 3),
             "error_code": outcome.error_code,
-            "error": outcome.error,
+            "error": outcome.detail or outcome.error,  # the owner's account, when fuller
         }
 
 
@@ -91,7 +91,12 @@ class Executor:
             return Outcome("lost")  # lease taken over: another worker owns it now
         attempt.started = time.monotonic()
         try:
-            response = await send(self.session, self.egress, spec)
+            # Tells the guard whose call this is: scoped allow entries, the endpoint's origin.
+            dispatch = self.egress.dispatching(
+                row["tool_key"], row["credential_ref"], row["endpoint_url"]
+            )
+            with dispatch:
+                response = await send(self.session, self.egress, spec)
         except SendFailure as failure:
             return on_failure(row, failure, write)
         attempt.status_code = response.status

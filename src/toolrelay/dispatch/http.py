@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,12 +11,17 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from toolrelay.dispatch.egress import EgressPolicy, unwrap_egress_error
+from toolrelay.dispatch.egress import EgressPolicy, origin, unwrap_egress_error
 from toolrelay.errors import EgressBlocked
 
 MAX_READ_REDIRECTS = 3
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 READ_CHUNK = 65536  # bytes
+DESCRIBE_CHARS = 200  # of an exception's text in a message
+# The query (and fragment) of a URL or request target in a message, where credentials may
+# be placed: everything from the ? after a /path to the next space. The last line of
+# defence; messages are built from exception parts that hold no URL in the first place.
+_URL_QUERY = re.compile(r"(/[^\s?#]*)[?#]\S*")
 
 
 @dataclass
@@ -66,8 +72,8 @@ async def send(session: aiohttp.ClientSession, policy: EgressPolicy, spec: SendS
         if not (spec.follow_redirects and response.status in REDIRECT_STATUSES and location):
             response.elapsed = time.monotonic() - started
             return response
-        next_url = URL(url).join(URL(location))
-        if _origin(next_url) != _origin(URL(url)):
+        next_url = _redirect_target(url, location)
+        if origin(next_url) != origin(URL(url)):
             headers = {k: v for k, v in headers.items() if k.lower() not in spec.secret_headers}
             if spec.secret_query:
                 next_url = next_url.without_query_params(spec.secret_query)
@@ -75,8 +81,13 @@ async def send(session: aiohttp.ClientSession, policy: EgressPolicy, spec: SendS
     raise SendFailure("http_error", f"more than {MAX_READ_REDIRECTS} redirects", left=True)
 
 
-def _origin(url: URL) -> tuple[str | None, str | None, int | None]:
-    return (url.scheme, url.host, url.port)
+def _redirect_target(url: str, location: str) -> URL:
+    try:
+        return URL(url).join(URL(location))
+    except (ValueError, TypeError):
+        raise SendFailure(
+            "http_error", "the upstream redirected to a URL that cannot be parsed", left=True
+        ) from None
 
 
 async def _exchange(
@@ -139,18 +150,47 @@ def _classify(exc: BaseException, spec: SendSpec) -> BaseException:
         return blocked
     # Connect-phase failures: DNS, refused, TLS, connect timeout. The request never left.
     if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
-        return SendFailure("network_error", f"could not connect: {_describe(exc)}", left=False)
+        return SendFailure("network_error", f"could not connect: {describe(exc)}", left=False)
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return SendFailure(
             "timeout", f"no complete response within {spec.total_timeout:g} s", left=True
         )
     if isinstance(exc, aiohttp.InvalidURL):
-        return SendFailure("template_error", f"invalid URL: {exc}", left=False)
+        return SendFailure("template_error", describe(exc), left=False)
     if isinstance(exc, aiohttp.ClientError | OSError):
-        return SendFailure("network_error", f"connection failed: {_describe(exc)}", left=True)
+        return SendFailure("network_error", f"connection failed: {describe(exc)}", left=True)
     return SendFailure("network_error", f"unexpected client error: {type(exc).__name__}", left=True)
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0][:200]
+def describe(exc: BaseException) -> str:
+    """One line about a client exception, built from its parts.
+
+    ``str()`` of aiohttp's exceptions may hold the request URL with its query (a
+    ClientResponseError ends in ``url='…?api_key=…'``, InvalidURL is the URL), so no part
+    that holds a URL is used, and any URL left in the text loses its query.
+    """
+    if isinstance(exc, aiohttp.ClientResponseError):  # the response could not be read
+        text = f"{exc.status}, {exc.message}" if exc.message else str(exc.status)
+    elif isinstance(exc, aiohttp.ClientConnectorError):
+        text = f"{exc.host}:{exc.port}: {_os_reason(exc.os_error)}"
+    elif isinstance(exc, aiohttp.InvalidURL):
+        text = f"invalid URL: {exc.description}" if exc.description else "invalid URL"
+    elif isinstance(exc, aiohttp.ServerDisconnectedError):
+        text = "server disconnected"  # its message may be the response head, as a repr
+    elif isinstance(exc, TimeoutError):  # aiohttp's connect timeout names the URL
+        text = "timed out"
+    elif isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError):
+        text = _os_reason(exc)
+    else:
+        text = str(exc)
+    line = next(iter(text.splitlines()), "") or type(exc).__name__
+    return without_queries(line)[:DESCRIBE_CHARS]
+
+
+def _os_reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def without_queries(text: str) -> str:
+    """``text`` with the query and fragment of every URL and request target removed."""
+    return _URL_QUERY.sub(r"\1", text)

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
+from urllib.parse import quote, quote_plus
+
+from yarl import URL
 
 REDACTED = "[redacted]"
 ERROR_BODY_CHARS = 500  # a trimmed body in an error message
+TRIMMED = "…"  # ends a trimmed text
+MIN_SECRET_CHARS = 4  # shorter values (and spellings) are not scrubbed: ordinary text has them
+MIN_CUT_CHARS = 4  # the shortest start of a secret cut off by trim() that is still redacted
+SCRUBBER_CACHE = 256  # sets of secrets whose compiled spellings are remembered
+
+# Codes whose message is for the owner alone: the agent reads this text in the invocation,
+# the owner the message itself in the attempt row (Outcome.detail).
+AGENT_MESSAGES = {
+    "egress_blocked": "egress_blocked: destination not allowed"
+    " (the owner sees why in the attempt history)",
+}
 
 
 @dataclass
@@ -16,6 +34,8 @@ class Outcome:
 
     ``status`` is terminal (completed, failed, expired) or ``running`` for a retry after
     ``retry_in`` seconds. ``clear_sent`` marks a retry whose request provably never left.
+    ``error`` is what the agent reads; ``detail``, when set, is the owner's fuller account
+    for the attempt row (internal addresses, DNS answers, the allow entry that did not apply).
     """
 
     status: str
@@ -26,10 +46,12 @@ class Outcome:
     output_mismatch: str | None = None
     retry_in: float = 0.0
     clear_sent: bool = False
+    detail: str | None = None
 
     @classmethod
     def failed(cls, code: str, message: str, http_status: int | None = None) -> Outcome:
-        return cls("failed", error=message, error_code=code, http_status=http_status)
+        error, detail = _for_agent(code, message)
+        return cls("failed", error=error, error_code=code, http_status=http_status, detail=detail)
 
     @classmethod
     def retry(
@@ -41,36 +63,116 @@ class Outcome:
         never_left: bool,
         http_status: int | None = None,
     ) -> Outcome:
+        error, detail = _for_agent(code, message)
         return cls(
             "running",
-            error=message,
+            error=error,
             error_code=code,
             retry_in=delay,
             clear_sent=never_left,
             http_status=http_status,
+            detail=detail,
         )
 
 
+def _for_agent(code: str, message: str) -> tuple[str, str | None]:
+    """The agent's message and the owner's detail (None when they are the same)."""
+    public = AGENT_MESSAGES.get(code)
+    return (message, None) if public is None else (public, message)
+
+
+# --- scrubbing ------------------------------------------------------------------------------
+
+
+def secret_forms(secret: str) -> set[str]:
+    """The spellings in which a secret that was sent may come back.
+
+    As sent (and with its whitespace collapsed, as trim() does); percent-encoded the ways
+    clients and servers encode (``quote`` with and without ``/`` safe, ``quote_plus``,
+    JavaScript's encodeURIComponent, yarl's query encoding that placed it in the URL);
+    base64 and base64url, with and without padding; JSON-escaped, ASCII-only or not, once
+    or twice, with ``/`` escaped or not. Percent escapes match in either hex case.
+    """
+    forms = {secret, " ".join(secret.split())}
+    forms |= {
+        quote(secret),
+        quote(secret, safe=""),
+        quote(secret, safe="!'()*"),
+        quote_plus(secret),
+        URL.build(query={"k": secret}).raw_query_string.removeprefix("k="),
+    }
+    raw = secret.encode()
+    for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+        text = encoded.decode("ascii")
+        forms |= {text, text.rstrip("=")}
+    for ascii_only in (True, False):
+        once = json.dumps(secret, ensure_ascii=ascii_only)[1:-1]
+        forms |= {once, once.replace("/", "\\/"), json.dumps(once, ensure_ascii=ascii_only)[1:-1]}
+    return forms
+
+
+_PERCENT_ESCAPE = re.compile(r"(%[0-9A-F]{2})")
+
+
+def _form_pattern(form: str) -> str:
+    """``form`` as a regular expression in which each ``%XX`` matches either hex case."""
+    pieces = _PERCENT_ESCAPE.split(form)  # odd indexes hold the escapes
+    return "".join(
+        f"%[{p[1]}{p[1].lower()}][{p[2]}{p[2].lower()}]" if i % 2 else re.escape(p)
+        for i, p in enumerate(pieces)
+    )
+
+
+@dataclass(frozen=True)
+class _Scrubber:
+    pattern: re.Pattern[str]  # every spelling of every secret, longest first
+    starts: tuple[str, ...]  # the spellings (also with lower-case hex) for cut-off starts
+
+    def __call__(self, text: str) -> str:
+        if self.pattern.search(text) is not None:  # rare: a search is cheaper than a sub
+            text = self.pattern.sub(REDACTED, text)
+        return self._cut_start(text) if text.endswith(TRIMMED) else text
+
+    def _cut_start(self, text: str) -> str:
+        """A trimmed text may end in the first part of a secret: redact that too."""
+        body = text[: -len(TRIMMED)]
+        for form in self.starts:
+            for cut in range(min(len(form) - 1, len(body)), MIN_CUT_CHARS - 1, -1):
+                if body.endswith(form[:cut]):
+                    return body[:-cut] + REDACTED + TRIMMED
+        return text
+
+
+@lru_cache(maxsize=SCRUBBER_CACHE)
+def _scrubber(secrets: tuple[str, ...]) -> _Scrubber:
+    forms = {f for s in secrets for f in secret_forms(s) if len(f) >= MIN_SECRET_CHARS}
+    ordered = sorted(forms, key=len, reverse=True)  # at one position the longest wins
+    lower = {_PERCENT_ESCAPE.sub(lambda m: m[1].lower(), f) for f in ordered}
+    return _Scrubber(
+        pattern=re.compile("|".join(map(_form_pattern, ordered))),
+        starts=tuple(sorted(set(ordered) | lower, key=len, reverse=True)),
+    )
+
+
 def scrub(value: Any, secrets: Iterable[str]) -> Any:
-    """Replace every known secret inside strings of a JSON value."""
-    known = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+    """Replace every known secret inside strings of a JSON value, in any of its spellings
+    (secret_forms), and the start of one that trim() cut off."""
+    known = tuple(sorted({s for s in secrets if s and len(s) >= MIN_SECRET_CHARS}))
     if not known:
         return value
-    return _scrub(value, known)
+    return _scrub(value, _scrubber(known))
 
 
-def _scrub(value: Any, known: list[str]) -> Any:
+def _scrub(value: Any, scrubber: _Scrubber) -> Any:
     if isinstance(value, str):
-        for secret in known:
-            value = value.replace(secret, REDACTED)
-        return value
+        return scrubber(value)
     if isinstance(value, list):
-        return [_scrub(v, known) for v in value]
+        return [_scrub(v, scrubber) for v in value]
     if isinstance(value, dict):
-        return {_scrub(k, known): _scrub(v, known) for k, v in value.items()}
+        return {_scrub(k, scrubber): _scrub(v, scrubber) for k, v in value.items()}
     return value
 
 
 def trim(text: str, limit: int = ERROR_BODY_CHARS) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "…"
+    return text if len(text) <= limit else text[:limit] + TRIMMED
