@@ -49,6 +49,17 @@ class ConfigurationError(ToolrelayError):
     code = "configuration_error"
 
 
+class DatabaseUnavailable(ConfigurationError):
+    """The database cannot be reached (down, refused, a bad DATABASE_URL). ``reason`` is the
+    driver's text, for the local user only: it may name hosts."""
+
+    code = "database_unavailable"
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 # --- invocation outcomes (one per error_code) -----------------------------------------------
 
 

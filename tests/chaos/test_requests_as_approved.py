@@ -243,12 +243,6 @@ async def test_query_credential_leaves_the_rest_of_the_url_alone(upstream: Chaos
     assert check_requests_as_approved(run(inv, [arrival], version(row))).ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dispatch: placing a query credential with yarl's update_query re-encodes the"
-    " other query parameters (%20 becomes +, %27 becomes ', …), so the request sent is not"
-    " byte for byte the one rendered and approved",
-)
 async def test_query_credential_with_input_text_in_the_query(upstream: ChaosUpstream) -> None:
     row = tool_row(
         upstream.base_url,

@@ -16,10 +16,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.credentials.conftest import keyring_text, make_keyring
+from tests.pgtest import create_database, drop_database
 from toolrelay.cli import context
 from toolrelay.cli.main import app
 from toolrelay.credentials import CredentialStore, MissingMasterKey, load_keyring
-from toolrelay.db import Database
+from toolrelay.db import Database, migrate
 
 TOOLRELAY = str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "toolrelay")
 runner = CliRunner()
@@ -75,12 +76,21 @@ def test_a_deleted_local_key_is_never_replaced(embedded_home: Path) -> None:
     assert cli(embedded_home, "worker", "--drain").returncode == 0
 
 
+@pytest.fixture
+def own_database(admin_url: str) -> Iterator[str]:
+    """A database of this test's own: key usage counts every credential in it."""
+    url = create_database(admin_url)
+    migrate(url)
+    yield url
+    drop_database(admin_url, url)
+
+
 def test_a_key_id_in_use_but_not_configured_refuses_naming_ids_and_source(
-    database_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    own_database: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
     old, new = make_keyring("k-old"), make_keyring("k-new")
-    db = Database(database_url)
+    db = Database(own_database)
     CredentialStore(db, old).add(uuid.uuid4(), "api_key", "one", "s3cret", ["a.example"])
     with pytest.raises(MissingMasterKey) as raised:
         load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": keyring_text(new)})

@@ -7,10 +7,12 @@ sent yet end ``failed``; calls under a worker's lease are left to that worker.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 from tests.registry.helpers import agent_with_tool
 from toolrelay.db import Database
+from toolrelay.dispatch.worker import Worker
 from toolrelay.registry import Registry
 
 
@@ -102,3 +104,25 @@ def test_a_deleted_tools_unsent_calls_fail_and_leased_ones_are_left_to_the_worke
     assert calls[leased]["error_code"] is None
     assert (calls[done]["status"], calls[done]["error_code"]) == ("completed", None)
     assert registry.review_queue() == []
+    _finish(db, leased, registry.owner)  # as its worker would: no lease left for others' drains
+
+
+async def test_a_leased_call_whose_tool_was_deleted_ends_when_its_lease_is_recovered(
+    registry: Registry, db: Database, drain: Callable[..., Awaitable[Worker]]
+) -> None:
+    """A dead worker's claim on a call of a tool deleted since: the next worker fails it
+    (``tool_inactive``), instead of claiming it forever."""
+    agent, tool = agent_with_tool(registry)
+    call = registry.invoke(agent, tool["key"], {})
+    with db.as_dispatcher() as conn:  # claimed by a worker that then died, before sending
+        conn.execute(
+            "UPDATE agents.tool_invocations SET attempt = 1, lease_owner = 'dead',"
+            " lease_expires_at = now() - interval '1 second' WHERE id = %s",
+            (call,),
+        )
+    _delete(db, registry.owner, "tools_registry", tool["id"])
+    assert registry.get_invocation(call)["status"] == "running"  # left to the worker
+    await drain()
+    done = registry.get_invocation(call)
+    assert (done["status"], done["error_code"]) == ("failed", "tool_inactive")
+    assert done["tool_key"] == tool["key"]

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import RedirectResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 
 from toolrelay import __version__
 from toolrelay.api import agent_routes, approvals, errors, owner_routes
@@ -89,9 +89,14 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     def root() -> RedirectResponse:
         return RedirectResponse("/approvals", status_code=307)
 
-    @app.get("/healthz", tags=["health"], summary="Liveness", responses={})
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", tags=["health"], summary="Health, the database's included", responses={})
+    def healthz() -> JSONResponse:
+        # 503 while the database is unreachable: a load balancer sends nobody here then.
+        up = context.db.ping()
+        return JSONResponse(
+            {"status": "ok" if up else "degraded", "database": "ok" if up else "unavailable"},
+            status_code=200 if up else 503,
+        )
 
     return app
 

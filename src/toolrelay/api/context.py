@@ -20,6 +20,8 @@ from toolrelay.dispatch.worker import WorkerSettings
 from toolrelay.registry import Registry
 from toolrelay.tokens import Authenticator, Caller, TokenStore
 
+DB_TIMEOUT = 1.5  # seconds a request waits for a database connection before 503
+
 
 @dataclass
 class ApiSettings:
@@ -48,7 +50,8 @@ class ApiContext:
 
     @classmethod
     def build(cls, settings: ApiSettings) -> ApiContext:
-        db = Database(settings.database_url)
+        # Fail fast when the database is gone: a request answers 503 within the timeout.
+        db = Database(settings.database_url, timeout=DB_TIMEOUT)
         authenticator = Authenticator(db, settings.jwt_secret)
         return cls(
             settings=settings,

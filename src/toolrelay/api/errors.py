@@ -34,6 +34,8 @@ class PayloadTooLarge(errors.ToolrelayError):
 
 
 # First match wins: subclasses before the classes they extend.
+RETRY_SOON = {"Retry-After": "1"}  # the database may be back in a moment
+
 STATUS_BY_ERROR: tuple[tuple[type[errors.ToolrelayError], int], ...] = (
     (Unauthenticated, 401),
     (RateLimited, 429),
@@ -95,6 +97,8 @@ def toolrelay_error_response(exc: errors.ToolrelayError) -> JSONResponse:
         headers["WWW-Authenticate"] = 'Bearer realm="toolrelay"'
     if isinstance(exc, RateLimited):
         headers["Retry-After"] = str(max(1, round(exc.retry_after + 0.5)))
+    if isinstance(exc, errors.DatabaseUnavailable):
+        headers |= RETRY_SOON
     if status == 500:
         # A database error without a mapping: its text may name internals; log it, say less.
         log.error("unmapped error", extra={"action": "api_error", "error": exc.message[:500]})
@@ -130,7 +134,9 @@ async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
 
 async def _on_database_down(_: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable", extra={"action": "api_db_error", "error": str(exc)[:200]})
-    return error_response(503, "database_unavailable", "the database is unavailable; retry later")
+    return error_response(
+        503, "database_unavailable", "the database is unavailable; retry later", RETRY_SOON
+    )
 
 
 async def _on_too_deep(_: Request, __: Exception) -> JSONResponse:

@@ -259,10 +259,11 @@ class AttemptOut(BaseModel):
 
 class InvocationOut(BaseModel):
     id: UUID
-    tool_id: UUID
-    tool_key: str
-    agent_id: UUID
-    agent_name: str
+    # None once the tool or agent was deleted (history outlives them; the key/name are kept)
+    tool_id: UUID | None
+    tool_key: str | None
+    agent_id: UUID | None
+    agent_name: str | None
     run_id: UUID | None
     input: JSONObject
     output: Any

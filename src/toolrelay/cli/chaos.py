@@ -41,6 +41,11 @@ def chaos(
         help="Workers record results without lease fencing: a deliberately broken build that"
         " the checks must catch. Never use it for anything else.",
     ),
+    unsafe_no_binding: bool = typer.Option(
+        False,
+        help="Workers skip the approval digest, fingerprint and gating checks: a deliberately"
+        " broken build that requests_as_approved must catch. Never use it for anything else.",
+    ),
     log_level: str = typer.Option("WARNING", help="The chaos driver's own log level."),
 ) -> None:
     """Run workers under faults against a misbehaving upstream, then check the invariants.
@@ -73,6 +78,7 @@ def chaos(
         "out_dir": out,
         "keep_database": keep_database,
         "unsafe_no_fencing": unsafe_no_fencing,
+        "unsafe_no_binding": unsafe_no_binding,
     }
     try:
         cfg = ChaosConfig.quick(**given) if quick else ChaosConfig(**given)
@@ -81,6 +87,8 @@ def chaos(
         raise typer.Exit(code=2) from None
     if unsafe_no_fencing:
         err_console.print("warning: --unsafe-no-fencing: workers run WITHOUT lease fencing")
+    if unsafe_no_binding:
+        err_console.print("warning: --unsafe-no-binding: workers send what was NOT approved")
     console.print(
         f"chaos: {cfg.invocations} invocations, {cfg.workers} workers, lease"
         f" {cfg.lease_seconds:g} s, a SIGKILL every {cfg.kill_every:g} s, a stall every"

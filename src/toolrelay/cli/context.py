@@ -12,7 +12,8 @@ from rich.console import Console
 
 from toolrelay import config
 from toolrelay.db import Database, migrate
-from toolrelay.errors import ConfigurationError, ToolrelayError
+from toolrelay.db.errors import unreachable
+from toolrelay.errors import ConfigurationError, DatabaseUnavailable, ToolrelayError
 
 OWNER_FILE = "owner"
 OWNER_ENV = "TOOLRELAY_OWNER"
@@ -62,6 +63,9 @@ def _no_owner_message(path: Path) -> str:
 
 
 def fail(exc: ToolrelayError) -> typer.Exit:
-    """Print one clear line and return the exit to raise."""
+    """Print one clear line and return the exit to raise: 2 when the database cannot be
+    reached (the environment is wrong), 1 for everything refused."""
+    if isinstance(exc, DatabaseUnavailable) and exc.reason:
+        exc = unreachable(config.database_url_from_env() or "(the embedded database)", exc.reason)
     err_console.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
-    return typer.Exit(code=1)
+    return typer.Exit(code=2 if isinstance(exc, DatabaseUnavailable) else 1)

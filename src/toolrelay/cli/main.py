@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import typer
 from typer.core import TyperGroup
 
@@ -22,7 +23,8 @@ from toolrelay.cli.tokens import token_app
 from toolrelay.cli.tools import tool_app
 from toolrelay.cli.worker import worker
 from toolrelay.db import Database, migrate
-from toolrelay.errors import ToolrelayError
+from toolrelay.db.errors import is_connection_error
+from toolrelay.errors import DatabaseUnavailable, ToolrelayError
 
 
 class _Commands(TyperGroup):
@@ -34,6 +36,10 @@ class _Commands(TyperGroup):
             return super().invoke(ctx)
         except ToolrelayError as exc:
             raise fail(exc) from None
+        except psycopg.Error as exc:
+            if not is_connection_error(exc):
+                raise
+            raise fail(DatabaseUnavailable("the database is unavailable", str(exc))) from None
 
 
 app = typer.Typer(

@@ -67,7 +67,9 @@ def load_keyring(db: Database, embedded: bool, environ: Mapping[str, str] | None
     local = config.home() / LOCAL_KEY_FILE
     configured = bool(env.get(KEY_ENV, "").strip() or env.get(KEY_FILE_ENV, "").strip())
     if not embedded and not configured and usage:
-        raise MissingMasterKey(
+        # Nothing can be replaced here (no key is generated with DATABASE_URL): a worker
+        # without keys may still run tools that need none, so this is a warning for it.
+        raise ConfigurationError(
             f"no master key configured, but {_missing(usage, [])} sealed in this database;"
             f" set {KEY_ENV} or {KEY_FILE_ENV} to the keys they were sealed with"
         )

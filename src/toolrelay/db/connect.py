@@ -12,10 +12,11 @@ from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from toolrelay import config
 from toolrelay.db.embedded import embedded_url
+from toolrelay.db.errors import check_url
 
 Row = dict[str, Any]
 
@@ -31,11 +32,16 @@ _SET_IDENTITY = (
 
 def resolve_database_url() -> str:
     """DATABASE_URL as given (any libpq form), else the embedded server's."""
-    return config.database_url_from_env() or embedded_url(config.home())
+    url = config.database_url_from_env()
+    if url is None:
+        return embedded_url(config.home())
+    check_url(url)
+    return url
 
 
 POOL_MAX = 8  # connections per Database (per process) for owner and dispatcher transactions
 POOL_MAX_IDLE = 60.0  # seconds an idle pooled connection is kept
+POOL_TIMEOUT = 30.0  # seconds to wait for a pooled connection (the API uses less)
 
 
 class _Broken(Exception):
@@ -50,9 +56,12 @@ class Database:
     safe behind PgBouncer in transaction mode.
     """
 
-    def __init__(self, url: str | None = None, pool_size: int = POOL_MAX) -> None:
+    def __init__(
+        self, url: str | None = None, pool_size: int = POOL_MAX, timeout: float = POOL_TIMEOUT
+    ) -> None:
         self.url = url or resolve_database_url()
         self._pool_size = pool_size
+        self._timeout = timeout  # seconds to wait for a connection before giving up
         self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
         self._lock = threading.Lock()
 
@@ -74,6 +83,7 @@ class Database:
                     min_size=0,
                     max_size=self._pool_size,
                     max_idle=POOL_MAX_IDLE,
+                    timeout=self._timeout,
                     kwargs={"row_factory": dict_row, "prepare_threshold": None},
                     open=True,
                     name="toolrelay",
@@ -88,7 +98,7 @@ class Database:
         # tells, before anything was done, so one retry on a fresh connection is safe.
         for attempt in range(2):
             try:
-                with self._get_pool().connection() as conn:
+                with self._connection() as conn:
                     try:
                         conn.execute(_SET_IDENTITY, (role, sub, claims))
                     except psycopg.OperationalError:
@@ -99,6 +109,31 @@ class Database:
                     return
             except _Broken:
                 continue
+
+    def ping(self) -> bool:
+        """Whether the database answers now (within the pool timeout)."""
+        try:
+            with self._connection() as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            return False
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Row]]:
+        pool = self._get_pool()
+        try:
+            conn = pool.getconn()
+        except PoolTimeout:
+            # The database is gone: the pool would retry with a growing backoff and answer
+            # late once it is back. A fresh pool connects on the next request instead.
+            self.close()
+            raise
+        try:
+            with conn:  # commit on success, roll back on error (the pool's own behaviour)
+                yield conn
+        finally:
+            pool.putconn(conn)
 
     @contextmanager
     def as_owner(

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 from uuid import UUID
 
 import aiohttp
@@ -73,6 +74,8 @@ class Executor:
             outcome = Outcome.failed("credential_error", exc.message)
         outcome.error = scrub(outcome.error, secrets)
         outcome.output = scrub(outcome.output, secrets)
+        # jsonschema quotes the offending value: a secret echoed into a bad field shows there
+        outcome.output_mismatch = scrub(outcome.output_mismatch, secrets)
         return outcome, secrets
 
     async def _run(self, row: Mapping[str, Any], attempt: Attempt, secrets: list[str]) -> Outcome:
@@ -130,7 +133,10 @@ class Executor:
         secrets.extend([value, placed])
         name = row["auth_param_name"]
         if row["auth_placement"] == "query":
-            spec.url = str(url.update_query({name: placed}))
+            # Appended, not update_query(): that re-encodes the other parameters, and the
+            # request sent must be the rendered (approved) one byte for byte.
+            separator = "&" if url.raw_query_string else "?"
+            spec.url = f"{spec.url}{separator}{quote(name, safe='')}={quote(placed, safe='')}"
             spec.secret_query = name
         else:
             spec.headers[name] = placed

@@ -26,7 +26,7 @@ import psycopg
 from toolrelay.credentials import CredentialResolver, Keyring
 from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
-from toolrelay.dispatch.executor import Attempt, Executor
+from toolrelay.dispatch.executor import Attempt, Executor, precheck
 from toolrelay.dispatch.metrics import Metrics, serve_metrics
 from toolrelay.dispatch.outcome import Outcome
 from toolrelay.dispatch.policy import is_idempotent
@@ -238,6 +238,10 @@ class Worker:
         )
 
     async def _decide(self, row: Row, attempt: Attempt) -> tuple[Outcome, list[str]]:
+        if row["sent_at"] is None and (row["tool_status"] is None or row["agent_status"] is None):
+            gone = precheck(row)  # the tool or agent was deleted: its settings are all NULL
+            assert gone is not None
+            return gone, []
         if row["sent_at"] is not None:  # a previous attempt may have left: a dead worker's
             self.metrics.recovered += 1
             if not is_idempotent(row["http_method"], row["idempotency_header"]):
