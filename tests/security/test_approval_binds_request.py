@@ -7,20 +7,27 @@ approved, or nothing (``tool_changed``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
+from tests.api.conftest import agent_client, client, settings
+from tests.api.servers import serve_app
 from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import agent_with_tool
+from toolrelay.api.app import create_app
 from toolrelay.db import Database
 from toolrelay.dispatch.executor import build_request, request_digest
 from toolrelay.dispatch.worker import Worker
 from toolrelay.errors import Conflict
 from toolrelay.registry import Registry
 from toolrelay.registry.preview import preview_request
+from toolrelay.tokens import TokenStore
 
 Drain = Callable[..., Awaitable[Worker]]
 
@@ -136,3 +143,56 @@ def test_the_sql_door_checks_the_digest_it_is_given(registry: Registry, db: Data
     with db.as_owner(registry.owner) as conn:
         conn.execute("SELECT fn_approve_tool_invocation(%s)", (inv_id,))
     assert registry.get_invocation(inv_id)["approval_status"] == "approved"
+
+
+# --- the approvals page sends the digest of the request its card showed ------------------
+
+
+@pytest.fixture
+def page_api(database_url: str) -> Iterator[str]:
+    with serve_app(create_app(settings(database_url, None, run_worker=False))) as url:
+        yield url
+
+
+def card_fields(html: str, invocation: str) -> dict[str, str]:
+    card = html.split(f'data-invocation="{invocation}"', 1)[1]
+    form = card[card.index(f'action="/approvals/{invocation}/approve"') :]
+    form = form[: form.index("</form>")]
+    return dict(re.findall(r'name="(csrf|digest)" value="([^"]+)"', form))
+
+
+def test_a_page_approval_binds_what_the_card_showed(page_api: str, db: Database) -> None:
+    owner_id = uuid.uuid4()
+    _, token = TokenStore(db).create(owner_id, name="approver")
+    owner = client(page_api, token, owner_id)
+    made = owner.put("/v1/tools/pay.send", json={
+        "name": "Pay", "endpoint_url": "http://127.0.0.1:9/pay", "http_method": "POST",
+        "egress_class": "write", "schema_input": PAYMENT_SCHEMA})  # fmt: skip
+    assert made.status_code == 200, made.text
+    agent = agent_client(page_api, owner, "payer")
+    owner.put("/v1/assignments/payer/pay.send")
+    asked = agent.post("/v1/agent/invocations", json={"tool": "pay.send", "input": {"amount": 5}})
+    inv = str(asked.json()["id"])
+    with httpx.Client(base_url=page_api, timeout=30.0) as http:
+        assert http.post("/approvals/session", data={"token": token}).status_code == 303
+        shown = card_fields(http.get("/approvals").text, inv)
+        assert len(shown["digest"]) == 64
+        changed = owner.patch("/v1/tools/pay.send",
+                              json={"request_template": {"body": {"to": "attacker@example.com"}}})  # fmt: skip
+        assert changed.status_code == 200, changed.text
+
+        stale = http.post(f"/approvals/{inv}/approve", data=shown)
+        assert stale.status_code == 409
+        assert "no longer the one you were shown" in stale.text
+        assert owner.get(f"/v1/invocations/{inv}").json()["approval_status"] == "pending"
+
+        fresh = card_fields(http.get("/approvals").text, inv)
+        assert fresh["digest"] != shown["digest"]
+        assert http.post(f"/approvals/{inv}/approve", data=fresh).status_code == 303
+    approved = owner.get(f"/v1/invocations/{inv}").json()
+    assert (approved["approval_status"], approved["request_digest"]) == (
+        "approved",
+        fresh["digest"],
+    )
+    owner.http.close()
+    agent.http.close()

@@ -299,9 +299,15 @@ def sign_out(request: Request, context: Ctx, csrf: Annotated[str, Form()] = "") 
 
 @router.post("/approvals/{invocation_id}/approve")
 def approve(
-    invocation_id: UUID, request: Request, context: Ctx, csrf: Annotated[str, Form()] = ""
+    invocation_id: UUID,
+    request: Request,
+    context: Ctx,
+    csrf: Annotated[str, Form()] = "",
+    digest: Annotated[str, Form()] = "",
 ) -> Response:
-    return _decide(request, context, csrf, invocation_id, None, approve=True)
+    # The digest of the request the card showed: when the call would now send anything
+    # else (the tool changed meanwhile), nothing is approved and the page says why.
+    return _decide(request, context, csrf, invocation_id, None, approve=True, digest=digest)
 
 
 @router.post("/approvals/{invocation_id}/reject")
@@ -323,6 +329,7 @@ def _decide(
     invocation_id: UUID,
     reason: str | None,
     approve: bool,
+    digest: str = "",
 ) -> Response:
     caller = _session(request, context)
     if caller is None:
@@ -331,7 +338,7 @@ def _decide(
     registry = context.registry(caller)
     try:
         if approve:
-            registry.approve(invocation_id)
+            registry.approve(invocation_id, digest or None)
         else:
             registry.reject(invocation_id, reason)
     except ToolrelayError as exc:

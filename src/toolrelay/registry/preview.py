@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from toolrelay.dispatch.executor import build_request
+from toolrelay.dispatch.executor import build_request, request_digest
 from toolrelay.errors import TemplateError
 
 MASK = "••••"
@@ -60,6 +60,7 @@ class RequestPreview:
     body: str | None = None  # JSON text, indented
     error: str | None = None  # the request cannot be rendered: approving will fail it
     warnings: list[str] = field(default_factory=list)
+    digest: str | None = None  # of what is shown: approving binds to exactly this request
 
     @property
     def url(self) -> str:
@@ -112,7 +113,9 @@ def preview_request(row: Mapping[str, Any]) -> RequestPreview:
     if rendered.body is not None:
         headers.append(Header("Content-Type", _text("application/json")))
         body = json.dumps(rendered.body, indent=2, ensure_ascii=False)
-    return RequestPreview(rendered.method, url, headers, body, warnings=warnings)
+    return RequestPreview(
+        rendered.method, url, headers, body, warnings=warnings, digest=request_digest(rendered)
+    )
 
 
 def _uses_credential(row: Mapping[str, Any]) -> bool:
