@@ -248,6 +248,19 @@ def reject(
     return s.InvocationDetail.model_validate(registry.get_invocation(invocation_id))
 
 
+@router.post(
+    "/invocations/{invocation_id}/retry",
+    tags=["invocations"],
+    status_code=status.HTTP_201_CREATED,
+    summary="Make a failed, rejected or expired call again (a human owner): a new invocation"
+    " with the same input, retry_of the first, gated again if its tool is gated now",
+)
+def retry(invocation_id: UUID, registry: Reg, response: Response) -> s.InvocationDetail:
+    new_id = registry.retry(invocation_id)
+    response.headers["Location"] = f"/v1/invocations/{new_id}"
+    return s.InvocationDetail.model_validate(registry.get_invocation(new_id))
+
+
 # --- tokens ----------------------------------------------------------------------------------
 
 

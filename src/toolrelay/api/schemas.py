@@ -255,6 +255,20 @@ class AttemptOut(BaseModel):
     duration_ms: float | None
     error_code: str | None
     error: str | None
+    # The request handed to the HTTP client; all null when nothing was sent.
+    request_method: str | None = None
+    request_url: str | None = Field(
+        default=None, description="As sent, the credential's value (if in the query) as ••••."
+    )
+    request_headers: dict[str, str] | None = Field(
+        default=None,
+        description="The headers toolrelay set, the credential's value as ••••; the HTTP"
+        " client adds Host, Content-Length, User-Agent, Accept and Accept-Encoding.",
+    )
+    request_body_bytes: int | None = None
+    request_body_sha256: str | None = Field(
+        default=None, description="sha256 (hex) of the body bytes sent (of none: of b'')."
+    )
 
 
 class InvocationOut(BaseModel):
@@ -283,10 +297,14 @@ class InvocationOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    retry_of: UUID | None = Field(default=None, description="The invocation this one retries.")
 
 
 class InvocationDetail(InvocationOut):
     attempts: list[AttemptOut]
+    retried_by: UUID | None = Field(
+        default=None, description="The invocation that retries this one (at most one)."
+    )
 
 
 class InvocationPage(BaseModel):

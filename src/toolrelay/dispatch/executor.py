@@ -26,23 +26,55 @@ from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
 from toolrelay.dispatch.outcome import Outcome, scrub, trim
 from toolrelay.dispatch.template import RenderedRequest, render_request
-from toolrelay.errors import CredentialMissing, InvocationError, ToolrelayError
+from toolrelay.errors import CredentialMissing, EgressBlocked, InvocationError, ToolrelayError
 from toolrelay.registry.validation import validate_input, validator
 
 INVOCATION_HEADER = "X-Toolrelay-Invocation"
 Resolve = Callable[[UUID, str, int | None, "Mapping[str, Any] | None"], Awaitable[str]]
 CRED_PREFIX = "cred_"  # claim columns carrying the credential row
+MASK = "••••"  # the credential's value where it was sent; the approvals page's mask too
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """The request handed to the HTTP client, as an attempt row records it: the credential's
+    value masked, every other header and query value as sent (they are the approved
+    rendering), the body as its size and the sha256 of the bytes sent. Redirects a read
+    followed are not recorded apart; the HTTP client adds Host, Content-Length, User-Agent,
+    Accept and Accept-Encoding."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+    body_bytes: int
+    body_sha256: str
+
+    @classmethod
+    def of(cls, spec: SendSpec, url: str, headers: dict[str, str]) -> SentRequest:
+        body = spec.payload or b""  # hashed once, from the bytes the client sends
+        return cls(spec.method, url, headers, len(body), hashlib.sha256(body).hexdigest())
+
+    def scrubbed(self, secrets: list[str]) -> SentRequest:
+        """Defence in depth: a secret value the input carried elsewhere is not recorded."""
+        if not secrets:
+            return self
+        return dataclasses.replace(
+            self, url=scrub(self.url, secrets), headers=scrub(self.headers, secrets)
+        )
 
 
 @dataclass
 class Attempt:
-    """What happened on the wire, for the history table."""
+    """What happened on the wire, for the history table. ``request`` stays None when the
+    attempt was refused before anything was sent."""
 
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     started: float = field(default_factory=time.monotonic)
     status_code: int | None = None
+    request: SentRequest | None = None
 
     def record(self, row: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
+        sent = self.request
         return {
             "invocation_id": str(row["id"]),
             "owner": str(row["owner"]),
@@ -53,6 +85,11 @@ class Attempt:
             "duration_ms": round((time.monotonic() - self.started) * 1000, 3),
             "error_code": outcome.error_code,
             "error": outcome.detail or outcome.error,  # the owner's account, when fuller
+            "request_method": sent.method if sent else None,
+            "request_url": sent.url if sent else None,
+            "request_headers": sent.headers if sent else None,
+            "request_body_bytes": sent.body_bytes if sent else None,
+            "request_body_sha256": sent.body_sha256 if sent else None,
         }
 
 
@@ -76,6 +113,8 @@ class Executor:
         outcome.output = scrub(outcome.output, secrets)
         # jsonschema quotes the offending value: a secret echoed into a bad field shows there
         outcome.output_mismatch = scrub(outcome.output_mismatch, secrets)
+        if attempt.request is not None:
+            attempt.request = attempt.request.scrubbed(secrets)
         return outcome, secrets
 
     async def _run(self, row: Mapping[str, Any], attempt: Attempt, secrets: list[str]) -> Outcome:
@@ -87,12 +126,19 @@ class Executor:
         if refusal is not None:
             return refusal
         spec = self._build(row, rendered)
+        shown = spec.url, dict(spec.headers)
         if row["credential_ref"] is not None or row["auth_method"] != "none":
-            await self._place_credential(row, spec, secrets)
+            shown = await self._place_credential(row, spec, secrets)
         write = not retry.is_idempotent(row["http_method"], row["idempotency_header"])
         if write and not await self.before_send(row):
             return Outcome("lost")  # lease taken over: another worker owns it now
         attempt.started = time.monotonic()
+        attempt.request = SentRequest.of(spec, *shown)
+        return await self._send(row, spec, attempt, write)
+
+    async def _send(
+        self, row: Mapping[str, Any], spec: SendSpec, attempt: Attempt, write: bool
+    ) -> Outcome:
         try:
             # Tells the guard whose call this is: scoped allow entries, the endpoint's origin.
             dispatch = self.egress.dispatching(
@@ -101,7 +147,13 @@ class Executor:
             with dispatch:
                 response = await send(self.session, self.egress, spec)
         except SendFailure as failure:
+            if not failure.left and spec.exchanges == 0:
+                attempt.request = None  # it never left: nothing was sent
             return on_failure(row, failure, write)
+        except EgressBlocked:
+            if spec.exchanges == 0:  # refused before the first request, not at a redirect
+                attempt.request = None
+            raise
         attempt.status_code = response.status
         return on_response(row, response, write)
 
@@ -119,7 +171,9 @@ class Executor:
 
     async def _place_credential(
         self, row: Mapping[str, Any], spec: SendSpec, secrets: list[str]
-    ) -> None:
+    ) -> tuple[str, dict[str, str]]:
+        """Place the credential where the tool says; returns the URL and headers as the
+        attempt row records them, its value (not its prefix) masked."""
         if row["credential_ref"] is None:
             raise CredentialMissing(
                 f"tool {row['tool_key']} uses auth_method {row['auth_method']} but has no"
@@ -129,18 +183,22 @@ class Executor:
         value = await self.resolve_credential(
             row["credential_ref"], url.host or "", url.port, credential_row(row)
         )
-        placed = f"{row['auth_param_prefix']}{value}"
+        prefix = row["auth_param_prefix"]
+        placed = f"{prefix}{value}"
         secrets.extend([value, placed])
         name = row["auth_param_name"]
         if row["auth_placement"] == "query":
             # Appended, not update_query(): that re-encodes the other parameters, and the
             # request sent must be the rendered (approved) one byte for byte.
             separator = "&" if url.raw_query_string else "?"
-            spec.url = f"{spec.url}{separator}{quote(name, safe='')}={quote(placed, safe='')}"
+            start = f"{spec.url}{separator}{quote(name, safe='')}="
+            spec.url = f"{start}{quote(placed, safe='')}"
             spec.secret_query = name
-        else:
-            spec.headers[name] = placed
-            spec.secret_headers = frozenset({name.lower()})
+            return f"{start}{quote(prefix, safe='')}{MASK}", dict(spec.headers)
+        shown = dict(spec.headers) | {name: f"{prefix}{MASK}"}
+        spec.headers[name] = placed
+        spec.secret_headers = frozenset({name.lower()})
+        return spec.url, shown
 
 
 def build_request(row: Mapping[str, Any]) -> RenderedRequest:

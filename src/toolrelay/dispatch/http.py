@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,18 @@ class SendSpec:
     # Headers (and query parameter) carrying the credential, dropped on a cross-origin hop.
     secret_headers: frozenset[str] = frozenset()
     secret_query: str | None = None
+    # The body as sent, JSON-encoded once here (as aiohttp's json= would: json.dumps, UTF-8,
+    # application/json unless the template set a Content-Type), so the attempt row can
+    # record its size and digest without encoding it again.
+    payload: bytes | None = field(init=False, default=None)
+    exchanges: int = 0  # hops answered so far: above 0, a request was sent
+
+    def __post_init__(self) -> None:
+        if self.body is None:
+            return
+        self.payload = json.dumps(self.body).encode()
+        if not any(name.lower() == "content-type" for name in self.headers):
+            self.headers["Content-Type"] = "application/json"
 
 
 @dataclass
@@ -68,6 +81,7 @@ async def send(session: aiohttp.ClientSession, policy: EgressPolicy, spec: SendS
     url, headers = spec.url, dict(spec.headers)
     for _hop in range(MAX_READ_REDIRECTS + 1):
         response = await _exchange(session, policy, spec, url, headers)
+        spec.exchanges += 1
         location = response.headers.get("Location")
         if not (spec.follow_redirects and response.status in REDIRECT_STATUSES and location):
             response.elapsed = time.monotonic() - started
@@ -100,8 +114,8 @@ async def _exchange(
     policy.check_url(url)
     timeout = aiohttp.ClientTimeout(total=spec.total_timeout, sock_connect=spec.connect_timeout)
     kwargs: dict[str, Any] = {"headers": headers, "timeout": timeout, "allow_redirects": False}
-    if spec.body is not None:
-        kwargs["json"] = spec.body
+    if spec.payload is not None:
+        kwargs["data"] = spec.payload
     try:
         async with session.request(spec.method, URL(url, encoded=True), **kwargs) as resp:
             body = await _read_capped(resp, spec.max_bytes)

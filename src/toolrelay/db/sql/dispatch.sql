@@ -52,7 +52,8 @@ RETURNING i.id;
 
 -- name: finish
 -- Record outcomes (terminal, 'running' again for a retry, or 'pending' again when the tool
--- became gated since the call was made) and every attempt made.
+-- became gated since the call was made) and every attempt made, with the request it sent
+-- (credential masked; NULLs when nothing was sent).
 -- A worker whose lease was taken over matches no row: its result is discarded.
 WITH r AS (
     SELECT * FROM jsonb_to_recordset(%(results)s) AS x(
@@ -62,13 +63,16 @@ WITH r AS (
 ), attempts AS (
     INSERT INTO agents.tool_invocation_attempts (
         invocation_id, owner, attempt, worker, started_at, finished_at, status_code,
-        duration_ms, error_code, error)
+        duration_ms, error_code, error, request_method, request_url, request_headers,
+        request_body_bytes, request_body_sha256)
     SELECT a.invocation_id, a.owner, a.attempt, %(worker)s, a.started_at, a.finished_at,
-           a.status_code, a.duration_ms, a.error_code, a.error
+           a.status_code, a.duration_ms, a.error_code, a.error, a.request_method,
+           a.request_url, a.request_headers, a.request_body_bytes, a.request_body_sha256
       FROM jsonb_to_recordset(%(attempts)s) AS a(
           invocation_id uuid, owner uuid, attempt integer, started_at timestamptz,
           finished_at timestamptz, status_code integer, duration_ms double precision,
-          error_code text, error text)
+          error_code text, error text, request_method text, request_url text,
+          request_headers jsonb, request_body_bytes bigint, request_body_sha256 text)
 )
 UPDATE agents.tool_invocations i
    SET status = r.status,
