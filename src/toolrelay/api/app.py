@@ -1,4 +1,5 @@
-"""The FastAPI application: /v1 (owners and agents), /approvals, and the in-process worker."""
+"""The FastAPI application: /v1 (owners and agents), /approvals, /metrics, and the in-process
+worker."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from toolrelay import __version__
-from toolrelay.api import agent_routes, approvals, errors, owner_routes
+from toolrelay.api import agent_routes, approvals, errors, operations, owner_routes
 from toolrelay.api.context import ApiContext, ApiSettings
 from toolrelay.api.limits import BodySizeLimit
 from toolrelay.api.schemas import ErrorBody
@@ -49,15 +50,17 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     settings = settings or ApiSettings()
     context = ApiContext.build(settings)
 
+    running: list[Worker] = []  # the in-process worker, while it runs: /metrics reports it
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if not settings.run_worker:
             yield
             return
         worker = Worker(context.db.url, settings.worker, settings.keyring, settings.egress)
+        running[:] = [worker]
         task = asyncio.create_task(worker.run(), name="toolrelay-worker")
-        task.add_done_callback(_report_worker_exit)
-        log.info("in-process worker started", extra={"action": "worker_start"})
+        task.add_done_callback(_report_worker_exit)  # the worker logs its own start line
         try:
             yield
         finally:
@@ -80,10 +83,13 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.state.toolrelay = context
     errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(operations.AccessLog)  # outermost: one JSON line per request
     app.include_router(owner_routes.router)
     app.include_router(agent_routes.router)
     app.include_router(approvals.router)
     mount_mcp(app)  # MCP over streamable HTTP at /mcp (docs/mcp.md)
+    # Prometheus text; no token, loopback only unless TOOLRELAY_METRICS_ALLOW (docs/operations.md)
+    operations.install(app, context.db, lambda: running[0] if running else None)
 
     @app.get("/", include_in_schema=False)
     def root() -> RedirectResponse:

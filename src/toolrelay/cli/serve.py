@@ -77,6 +77,7 @@ def serve(
         port=port,
         http=protocol_class(limits),  # h11 with header/body deadlines (docs/api.md, Limits)
         log_level=log_level.lower(),
+        log_config=None,  # keep logs.configure's JSON handlers for uvicorn's loggers
         proxy_headers=proxy_headers,
         server_header=False,
     )

@@ -10,7 +10,7 @@ from toolrelay import config, logs
 from toolrelay.cli.context import database, err_console, fail
 from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
-from toolrelay.dispatch.worker import WorkerSettings, run_worker
+from toolrelay.dispatch.worker import SUMMARY_ENV, SUMMARY_INTERVAL, WorkerSettings, run_worker
 from toolrelay.errors import ConfigurationError, ToolrelayError
 
 
@@ -32,6 +32,12 @@ def worker(
     ),
     poll_interval: float = typer.Option(
         1.0, min=0.01, help="Seconds between polls when no notification arrives."
+    ),
+    summary_interval: float = typer.Option(
+        SUMMARY_INTERVAL,
+        min=0.01,
+        envvar=SUMMARY_ENV,
+        help="Seconds between summary lines at INFO (claimed, completed, failed by code, ...).",
     ),
 ) -> None:
     """Run the dispatcher: claim runnable invocations, send them, record the outcome."""
@@ -57,6 +63,7 @@ def worker(
             pooler=pooler,
             listen_url=listen_url,
             poll_interval=poll_interval,
+            summary_interval=summary_interval,
         )
         asyncio.run(run_worker(db.url, settings, keyring))
     except ToolrelayError as exc:

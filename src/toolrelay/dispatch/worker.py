@@ -3,6 +3,9 @@
 One asyncio loop per process. Claims come in batches (FOR UPDATE SKIP LOCKED), woken by
 LISTEN/NOTIFY with polling as a fallback; leases are renewed by a heartbeat; results are
 fenced by (lease owner, attempt) so a worker whose lease was taken over writes nothing.
+
+It says what it is doing: a start line (who, where, what it may reach), a warning for each
+active tool the egress allow-list will refuse, and one summary line per interval.
 """
 
 from __future__ import annotations
@@ -16,22 +19,32 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 import aiohttp
 import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 from toolrelay.credentials import CredentialResolver, Keyring
+from toolrelay.db.queries import load
 from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
 from toolrelay.dispatch.executor import Attempt, Executor, precheck
-from toolrelay.dispatch.metrics import Metrics, serve_metrics
+from toolrelay.dispatch.metrics import Counts, Metrics, serve_metrics
 from toolrelay.dispatch.outcome import Outcome
 from toolrelay.dispatch.policy import is_idempotent
+from toolrelay.dispatch.preflight import (
+    EndpointCheck,
+    Finding,
+    Target,
+    allow_list,
+    describe_database,
+)
 from toolrelay.dispatch.store import DispatchStore, Row, open_pool
-from toolrelay.errors import CredentialError
+from toolrelay.errors import ConfigurationError, CredentialError
 
 log = logging.getLogger("toolrelay.worker")
 
@@ -41,6 +54,22 @@ EXPIRE_INTERVAL = 5.0  # seconds between sweeps of pending approvals past their 
 SHUTDOWN_GRACE = 10.0  # seconds in-flight calls get after SIGTERM
 DB_RETRY_DELAY = 0.5  # seconds between attempts to reach a database that went away
 CLAIM_BATCH = 64
+SUMMARY_ENV = "TOOLRELAY_SUMMARY_INTERVAL"
+SUMMARY_INTERVAL = 60.0  # seconds between summary lines
+MAX_FINDINGS_LOGGED = 50  # tool lines at start, per kind; then one line with the rest's count
+
+
+def _summary_interval_from_env() -> float:
+    raw = os.environ.get(SUMMARY_ENV, "").strip()
+    if not raw:
+        return SUMMARY_INTERVAL
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ConfigurationError(f"{SUMMARY_ENV}={raw!r}: must be a number of seconds above 0")
+    return seconds
 
 
 @dataclass
@@ -55,12 +84,16 @@ class WorkerSettings:
     # A direct (not pooled) connection for LISTEN; without one behind a pooler, poll only.
     listen_url: str | None = None
     poll_interval: float = POLL_INTERVAL
+    # Seconds between summary lines at INFO (default: TOOLRELAY_SUMMARY_INTERVAL, else 60).
+    summary_interval: float = field(default_factory=_summary_interval_from_env)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if self.lease_seconds <= 0:
             raise ValueError("lease_seconds must be positive")
+        if not self.summary_interval > 0:
+            raise ValueError("summary_interval must be positive")
         self.worker_id = (
             self.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
@@ -88,11 +121,16 @@ class Worker:
         # Claim in batches: while work is in flight, wait until a quarter of the slots are
         # free rather than paying one claim round trip per finished call.
         self._min_claim = max(1, min(CLAIM_BATCH, settings.concurrency) // 4)
+        self._last_counts = Counts()
+        self._endpoint_check = EndpointCheck(self.egress)
+        self._last_summary = time.monotonic()
 
     async def run(self) -> None:
+        self._log_start()
         pool = open_pool(self.url, pooler=self.settings.pooler)
         await pool.open(wait=True)
         self.store = DispatchStore(pool, self.settings.worker_id)
+        names = await self._check_endpoints(pool)
         self.sent: Batcher[Row, bool] = Batcher(self._flush_sent)
         self.done: Batcher[tuple[Row, Row], UUID | None] = Batcher(self._flush_results)
         if self.keyring is not None:
@@ -108,7 +146,12 @@ class Worker:
             # resets; every send must be an attempt we count and record, so turn that off.
             session._retry_connection = False
             self.executor = Executor(session, self.egress, self._resolve, self._before_send)
-            side = [asyncio.create_task(self._listen()), asyncio.create_task(self._heartbeat())]
+            side = [
+                asyncio.create_task(self._listen()),
+                asyncio.create_task(self._heartbeat()),
+                asyncio.create_task(self._summaries()),
+                asyncio.create_task(self._check_names(names)),
+            ]
             try:
                 await self._loop()
             finally:
@@ -116,6 +159,7 @@ class Worker:
                 for task in side:
                     task.cancel()
                 await asyncio.gather(*side, return_exceptions=True)
+                self._log_summary("worker stopped", "worker_stop")
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         await pool.close()
@@ -189,11 +233,13 @@ class Worker:
         self.metrics.claimed += 1
         task = asyncio.create_task(self._handle(row))
         self.inflight[row["id"]] = task
+        self.metrics.in_flight = len(self.inflight)
         key: UUID = row["id"]
         task.add_done_callback(lambda _task: self._finished(key))
 
     def _finished(self, key: UUID) -> None:
         self.inflight.pop(key, None)
+        self.metrics.in_flight = len(self.inflight)
         self.wakeup.set()
 
     # --- one invocation ------------------------------------------------------------------
@@ -215,7 +261,7 @@ class Worker:
         if outcome.status == "lost":
             self.metrics.lost_leases += 1
             return
-        self.metrics.observe(outcome.status, outcome.error_code, time.monotonic() - attempt.started)
+        seconds = time.monotonic() - attempt.started
         # Shielded: a shutdown must not lose a result that was already decided, nor hand
         # the claim back while that result is being written.
         self.recording.add(row["id"])
@@ -223,6 +269,8 @@ class Worker:
             recorded = await asyncio.shield(self._record(row, outcome, attempt))
         finally:
             self.recording.discard(row["id"])
+        if recorded:  # not written: counted as a lost lease or an unrecorded result instead
+            self.metrics.observe(outcome.status, outcome.error_code, seconds)
         log.info(
             "invocation attempt finished",
             extra={
@@ -300,6 +348,7 @@ class Worker:
                 "could not record a result; the lease will expire and be recovered",
                 extra={"action": "record_failed", "invocation_id": str(row["id"])},
             )
+            self.metrics.unrecorded += 1
             return False
         if written is None:
             self.metrics.lost_leases += 1
@@ -312,6 +361,121 @@ class Worker:
     async def _flush_results(self, items: Sequence[tuple[Row, Row]]) -> list[UUID | None]:
         written = await self.store.finish([r for r, _ in items], [a for _, a in items])
         return [UUID(r["id"]) if UUID(r["id"]) in written else None for r, _ in items]
+
+    # --- what it says about itself --------------------------------------------------------
+
+    def _log_start(self) -> None:
+        s = self.settings
+        if s.listen_url:  # LISTEN/NOTIFY over a direct connection of its own
+            listen = f"LISTEN on {describe_database(s.listen_url)['database']}"
+        else:
+            listen = "none: polling only" if s.pooler else "LISTEN on the database"
+        log.info(
+            "worker started",
+            extra={
+                "action": "worker_start",
+                "worker_id": s.worker_id,
+                "concurrency": s.concurrency,
+                "lease_seconds": s.lease_seconds,
+                **describe_database(self.url),
+                "pooler": "transaction" if s.pooler else "none",
+                "listen": listen,
+                "poll_interval": s.poll_interval,
+                "drain": s.drain,
+                "summary_interval": s.summary_interval,
+                "metrics_port": s.metrics_port,
+                "egress_guard": "on" if self.egress.enabled else "off",
+                "egress_allow": allow_list(self.egress),
+                "credentials": "usable" if self.keyring is not None else "no master key",
+            },
+        )
+
+    async def _check_endpoints(
+        self, pool: AsyncConnectionPool[AsyncConnection[Row]]
+    ) -> list[Target]:
+        """Warn now about active tools whose calls the allow-list refuses: IP literals and
+        localhost at once; returns the host names, checked in the background."""
+        if not self.egress.enabled:
+            return []
+        try:
+            async with pool.connection() as conn:
+                cur = await conn.execute(load("operations")["active_endpoints"])
+                tools = await cur.fetchall()
+        except psycopg.Error as exc:
+            log.warning(
+                "could not list active tools to check them against the egress allow-list",
+                extra={"action": "egress_check_failed", "error": str(exc)[:200]},
+            )
+            return []
+        findings, names = self._endpoint_check.literal(tools)
+        self._log_findings(findings)
+        return names
+
+    async def _check_names(self, names: list[Target]) -> None:
+        if names:
+            self._log_findings(await self._endpoint_check.resolved(names))
+
+    def _log_findings(self, findings: list[Finding]) -> None:
+        for refused in (True, False):
+            some = [f for f in findings if f.refused is refused]
+            for finding in some[:MAX_FINDINGS_LOGGED]:
+                if refused:
+                    log.warning(
+                        f"tool {finding.tool}: the egress allow-list will refuse its calls:"
+                        f" {finding.reason}",
+                        extra={"action": "tool_unreachable", "tool": finding.tool,
+                               "owner": finding.owner, "reason": finding.reason},
+                    )  # fmt: skip
+                else:
+                    log.info(
+                        f"tool {finding.tool}: not checked against the egress allow-list:"
+                        f" {finding.reason}",
+                        extra={"action": "tool_unchecked", "tool": finding.tool,
+                               "owner": finding.owner, "reason": finding.reason},
+                    )  # fmt: skip
+            if len(some) > MAX_FINDINGS_LOGGED:
+                rest = len(some) - MAX_FINDINGS_LOGGED
+                log.log(
+                    logging.WARNING if refused else logging.INFO,
+                    f"and {rest} more tools {'refused' if refused else 'not checked'}",
+                    extra={"action": "tool_unreachable" if refused else "tool_unchecked",
+                           "more": rest},
+                )  # fmt: skip
+
+    async def _summaries(self) -> None:
+        interval = self.settings.summary_interval
+        due = time.monotonic() + interval
+        while True:  # on a fixed cadence: a slow line does not push the next ones back
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            self._log_summary("worker summary", "worker_summary")
+            due = max(due + interval, time.monotonic())
+
+    def _log_summary(self, message: str, action: str) -> None:
+        """One line: what happened since the previous summary, and what is in flight now."""
+        now, counts = time.monotonic(), self.metrics.counts()
+        delta = counts.since(self._last_counts)
+        seconds = now - self._last_summary
+        self._last_counts, self._last_summary = counts, now
+        failed = delta.by_code("failed")
+        log.info(
+            f"{message}: {_summary_text(delta, failed, len(self.inflight))}"
+            f" in the last {seconds:.1f} s",
+            extra={
+                "action": action,
+                "worker_id": self.settings.worker_id,
+                "seconds": round(seconds, 3),
+                "claimed": delta.claimed,
+                "completed": delta.status("completed"),
+                "failed": delta.status("failed"),
+                "failed_by_code": failed,
+                "retried": delta.status("running"),
+                "returned_to_approval": delta.status("pending"),
+                "expired": delta.status("expired"),
+                "in_flight": len(self.inflight),
+                "lost_leases": delta.lost_leases,
+                "unrecorded": delta.unrecorded,
+            },
+        )
 
     # --- background ----------------------------------------------------------------------
 
@@ -351,6 +515,24 @@ class Worker:
             await asyncio.gather(*pending, return_exceptions=True)
             if ids:
                 await self._db_call(self.store.release(ids))
+
+
+def _summary_text(delta: Counts, failed: dict[str, int], in_flight: int) -> str:
+    codes = ", ".join(f"{code} {n}" for code, n in failed.items())
+    parts = [
+        f"claimed {delta.claimed}",
+        f"completed {delta.status('completed')}",
+        f"failed {delta.status('failed')}" + (f" ({codes})" if codes else ""),
+        f"retried {delta.status('running')}",
+    ]
+    if delta.status("pending"):
+        parts.append(f"returned to approval {delta.status('pending')}")
+    if delta.status("expired"):
+        parts.append(f"expired {delta.status('expired')}")
+    parts += [f"in flight {in_flight}", f"lost leases {delta.lost_leases}"]
+    if delta.unrecorded:
+        parts.append(f"unrecorded {delta.unrecorded}")
+    return ", ".join(parts)
 
 
 async def run_worker(
