@@ -54,5 +54,5 @@ def test_errors_are_one_line_and_exit_non_zero(cli_owner: str) -> None:
     bad = runner.invoke(app, ["tool", "register", "x.y", "--name", "X", "--method", "TRACE",
                               "--endpoint-url", "https://api.example.com/"])  # fmt: skip
     assert bad.exit_code == 1
-    assert bad.stderr.count("\n") == 1 and "tools_registry_http_method_check" in bad.stderr
+    assert bad.stderr.count("\n") == 1 and "http_method 'TRACE' is not allowed" in bad.stderr
     assert "Traceback" not in bad.output

@@ -267,7 +267,7 @@ def test_register_tools_names_the_tool_and_refuses_duplicates(owner: Owner) -> N
     with pytest.raises(InvalidArgument, match=r"\['a.one'\] appear more than once"):
         owner.registry.register_tools([good, good])
     bad = ToolSpec(key="a.two", name="Two", endpoint_url="ftp://x", http_method="GET")
-    with pytest.raises(InvalidArgument, match="^tool a.two: .*endpoint_url_scheme_check"):
+    with pytest.raises(InvalidArgument, match="^tool a.two: endpoint_url .ftp://x. is not allowed"):
         owner.registry.register_tools([good, bad])
     assert owner.registry.list_tools() == []
     rows = owner.registry.register_tools([good])

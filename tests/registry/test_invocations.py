@@ -179,7 +179,10 @@ def test_revoke_stops_new_invocations(registry: Registry) -> None:
 def test_register_rejects_bad_configuration_and_writes_nothing(registry: Registry) -> None:
     with pytest.raises(errors.InvalidArgument, match="schema_input is not a valid JSON Schema"):
         add_tool(registry, key="bad.schema", schema_input={"type": "nonsense"})
-    with pytest.raises(errors.InvalidArgument, match="tools_registry_http_method_check"):
+    with pytest.raises(
+        errors.InvalidArgument,
+        match="http_method .TRACE. is not allowed: it must be one of GET, POST",
+    ):
         add_tool(registry, key="bad.method", http_method="TRACE")
     with pytest.raises(errors.InvalidArgument, match="bad.template"):
         add_tool(registry, key="bad.template", request_template={"body": "{{secrets.key}}"})

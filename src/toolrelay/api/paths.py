@@ -1,11 +1,10 @@
-"""Path and query parameters shared by the routes, and the invocation cursor."""
+"""Path and query parameters shared by the routes, and the invocation cursor (defined in
+toolrelay.registry.pages, so that the CLI hands out and takes the same cursors)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
-from datetime import datetime
 from typing import Annotated
 from uuid import UUID
 
@@ -13,8 +12,9 @@ from fastapi import Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from toolrelay.db.connect import Row
-from toolrelay.errors import InvalidArgument
 from toolrelay.registry import Registry
+from toolrelay.registry.pages import decode_cursor as decode_cursor
+from toolrelay.registry.pages import encode_cursor as encode_cursor
 
 TOOL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 NAME_PATTERN = r"^[^\x00]{1,200}$"
@@ -31,23 +31,6 @@ Wait = Annotated[
         description=f"Seconds to wait for the invocation to finish (long poll; at most {MAX_WAIT:g}).",
     ),
 ]
-
-
-def encode_cursor(row: Row) -> str:
-    raw = f"{row['created_at'].isoformat()}|{row['id']}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created_at, _, ident = raw.partition("|")
-        when = datetime.fromisoformat(created_at)
-        if when.tzinfo is None:
-            raise ValueError("naive time")
-        return when, UUID(ident)
-    except ValueError:
-        raise InvalidArgument("cursor is not one this API handed out") from None
 
 
 async def wait_for_invocation(

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+
 import typer
 
 from toolrelay.cli.context import console, fail
-from toolrelay.cli.render import show, table
+from toolrelay.cli.render import (
+    AGENT,
+    INVOCATION,
+    INVOCATION_DETAIL,
+    Output,
+    detail,
+    listing,
+    output_option,
+)
 from toolrelay.cli.tools import parse_json, registry
-from toolrelay.errors import ToolrelayError
+from toolrelay.errors import InvalidArgument, ToolrelayError
+from toolrelay.registry.pages import invocation_page
 
 agent_app = typer.Typer(help="Create and list agents.", no_args_is_help=True)
 invocations_app = typer.Typer(help="List and show invocations.", no_args_is_help=True)
@@ -23,8 +36,13 @@ def agent_create(name: str) -> None:
 
 
 @agent_app.command("list")
-def agent_list() -> None:
-    table(registry().list_agents(), ["id", "name", "status", "created_at"])
+def agent_list(output: Output = output_option()) -> None:
+    """List your agents."""
+    try:
+        rows = registry().list_agents()
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    listing(AGENT, rows, ["id", "name", "status", "created_at:created"], output)
 
 
 def assign(
@@ -83,24 +101,94 @@ def reject(invocation_id: str, reason: str | None = typer.Option(None, "--reason
     console.print(f"rejected {invocation_id}", markup=False)
 
 
+@invocations_app.command("retry")
+def invocations_retry(invocation_id: str) -> None:
+    """Make a failed, rejected or expired call again (a human owner only): a new invocation
+    with the same input, linked to the first, gated again if its tool is gated now. Prints
+    the new invocation's id."""
+    try:
+        new_id = registry().retry(invocation_id)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    console.print(str(new_id), markup=False, highlight=False)
+
+
+class InvocationStatus(StrEnum):
+    pending = "pending"
+    running = "running"
+    completed = "completed"
+    failed = "failed"
+    rejected = "rejected"
+    expired = "expired"
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(value: str, now: datetime | None = None) -> datetime:
+    """A time (ISO 8601; without a zone, UTC) or a duration back from now (90s, 15m, 12h, 7d,
+    2w)."""
+    text = value.strip()
+    message = (
+        "--since must be a time (ISO 8601, e.g. 2026-12-01T09:00:00Z) or a duration back from"
+        f" now (e.g. 15m, 12h, 7d): {value!r}"
+    )
+    duration = _DURATION.fullmatch(text)
+    try:
+        if duration:
+            amount, unit = duration.groups()
+            return (now or datetime.now(UTC)) - timedelta(**{_UNITS[unit]: float(amount)})
+        when = datetime.fromisoformat(text)
+    except (ValueError, OverflowError):
+        raise InvalidArgument(message) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
 @invocations_app.command("list")
 def invocations_list(
-    status: str | None = typer.Option(None, help="Only this status."),
-    limit: int = 50,
+    status: InvocationStatus | None = typer.Option(None, help="Only this status."),
+    tool: str | None = typer.Option(None, help="Only this tool (key or id)."),
+    agent: str | None = typer.Option(None, help="Only this agent (name or id)."),
+    since: str | None = typer.Option(
+        None, help="Only those created since: a time (ISO 8601, UTC) or a duration (15m, 7d)."
+    ),
+    limit: int = typer.Option(50, min=1, max=200, help="At most this many (a page)."),
+    cursor: str | None = typer.Option(None, help="The next page: the cursor the last one gave."),
+    output: Output = output_option(),
 ) -> None:
-    reg = registry()
-    reg.expire_pending()
-    rows = reg.list_invocations(status=status, limit=limit)
-    table(
+    """Invocations, newest first, a page at a time (the next page's --cursor goes to stderr,
+    or next_cursor in --output json)."""
+    try:
+        after = parse_since(since) if since is not None else None
+        reg = registry()
+        reg.expire_pending()
+        rows, next_cursor = invocation_page(
+            reg,
+            limit,
+            cursor=cursor,
+            status=status.value if status else None,
+            tool=tool,
+            agent=agent,
+            since=after,
+        )
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    listing(
+        INVOCATION,
         rows,
-        ["id", "tool_key", "agent_name", "status", "approval_status", "error_code", "created_at"],
-    )
+        ["id", "tool_key:tool", "agent_name:agent", "status", "approval_status:approval",
+         "error_code:error", "created_at:created"],
+        output,
+        paged=True,
+        next_cursor=next_cursor,
+    )  # fmt: skip
 
 
 @invocations_app.command("show")
-def invocations_show(invocation_id: str) -> None:
+def invocations_show(invocation_id: str, output: Output = output_option(Output.json)) -> None:
     """One invocation with its attempt history."""
     try:
-        show(registry().get_invocation(invocation_id))
+        detail(INVOCATION_DETAIL, registry().get_invocation(invocation_id), output)
     except ToolrelayError as exc:
         raise fail(exc) from None

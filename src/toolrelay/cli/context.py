@@ -67,5 +67,7 @@ def fail(exc: ToolrelayError) -> typer.Exit:
     reached (the environment is wrong), 1 for everything refused."""
     if isinstance(exc, DatabaseUnavailable) and exc.reason:
         exc = unreachable(config.database_url_from_env() or "(the embedded database)", exc.reason)
-    err_console.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
+    # One line whatever the message quotes back (a key with a newline in it, say).
+    message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in exc.message)
+    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(code=2 if isinstance(exc, DatabaseUnavailable) else 1)

@@ -12,8 +12,8 @@ from rich.table import Table
 
 from toolrelay import config
 from toolrelay.cli.context import console, database, err_console, fail, owner_id
+from toolrelay.cli.render import CREDENTIAL, Output, listing, output_option
 from toolrelay.credentials import (
-    CredentialInfo,
     CredentialStore,
     Keyring,
     generate_master_key,
@@ -80,13 +80,19 @@ def add(
 
 
 @credential_app.command("list")
-def list_() -> None:
+def list_(output: Output = output_option()) -> None:
     """List your credentials (metadata only)."""
     try:
         infos = _store().list(owner_id())
     except ToolrelayError as exc:
         raise fail(exc) from None
-    console.print(_table(infos))
+    listing(
+        CREDENTIAL,
+        infos,
+        ["id", "name", "kind", "status", "allowed_hosts:hosts", "created_at:created",
+         "last_used_at:last used", "expires_at:expires"],
+        output,
+    )  # fmt: skip
 
 
 @credential_app.command()
@@ -165,19 +171,3 @@ def keygen(key_id: str = typer.Option("default", "--id", help="The new key's id.
         typer.echo(generate_master_key(key_id))
     except ToolrelayError as exc:
         raise fail(exc) from None
-
-
-def _table(infos: list[CredentialInfo]) -> Table:
-    table = Table("id", "name", "kind", "status", "hosts", "created", "last used", "expires")
-    for info in infos:
-        table.add_row(
-            str(info.id),
-            info.name,
-            info.kind,
-            info.status,
-            ", ".join(info.allowed_hosts) or "-",
-            f"{info.created_at:%Y-%m-%d %H:%M}",
-            f"{info.last_used_at:%Y-%m-%d %H:%M}" if info.last_used_at else "-",
-            f"{info.expires_at:%Y-%m-%d %H:%M}" if info.expires_at else "-",
-        )
-    return table

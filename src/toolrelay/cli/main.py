@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from importlib import metadata
 from typing import Any
 
 import psycopg
@@ -13,6 +15,7 @@ from toolrelay.cli.agents import agent_app, invocations_app
 from toolrelay.cli.chaos import chaos
 from toolrelay.cli.context import console, fail
 from toolrelay.cli.credentials import credential_app
+from toolrelay.cli.db import db_app
 from toolrelay.cli.demo import demo
 from toolrelay.cli.interop import export_app, import_app
 from toolrelay.cli.mcp import mcp
@@ -25,6 +28,8 @@ from toolrelay.cli.worker import worker
 from toolrelay.db import Database, migrate
 from toolrelay.db.errors import is_connection_error
 from toolrelay.errors import DatabaseUnavailable, ToolrelayError
+
+DEBUG_ENV = "TOOLRELAY_DEBUG"
 
 
 class _Commands(TyperGroup):
@@ -40,6 +45,14 @@ class _Commands(TyperGroup):
             if not is_connection_error(exc):
                 raise
             raise fail(DatabaseUnavailable("the database is unavailable", str(exc))) from None
+        except (typer.Exit, typer.Abort, typer.TyperException):  # click's own handling
+            raise
+        except Exception as exc:
+            if os.environ.get(DEBUG_ENV):
+                raise
+            # A bug, not a mistake of the user's: still one line, with how to see more.
+            message = f"unexpected error (a bug): {type(exc).__name__}: {exc}"[:500]
+            raise fail(ToolrelayError(f"{message}; {DEBUG_ENV}=1 shows the traceback")) from None
 
 
 app = typer.Typer(
@@ -48,6 +61,26 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        try:
+            typer.echo(f"toolrelay {metadata.version('toolrelay')}")
+        except metadata.PackageNotFoundError:
+            typer.echo("toolrelay (version unknown: the package is not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    pass
+
+
 for name, group in (
     ("tool", tool_app),
     ("agent", agent_app),
@@ -57,6 +90,7 @@ for name, group in (
     ("export", export_app),
     ("import", import_app),
     ("owner", owner_app),
+    ("db", db_app),
 ):
     app.add_typer(group, name=name)
 for command in (

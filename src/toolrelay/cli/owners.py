@@ -6,10 +6,10 @@ import os
 import uuid
 
 import typer
-from rich.table import Table
 
 from toolrelay import config
-from toolrelay.cli.context import OWNER_ENV, console, database, fail, owner_id
+from toolrelay.cli.context import OWNER_ENV, database, fail, owner_id
+from toolrelay.cli.render import OWNER, Output, listing, output_option
 from toolrelay.errors import ToolrelayError
 
 owner_app = typer.Typer(
@@ -31,18 +31,14 @@ SELECT owner,
 
 
 @owner_app.command("list")
-def list_() -> None:
+def list_(output: Output = output_option()) -> None:
     """The owners this database holds, with how many tools, agents and credentials each has."""
     try:
         with database().as_dispatcher() as conn:
             rows = conn.execute(_OWNERS).fetchall()
     except ToolrelayError as exc:
         raise fail(exc) from None
-    out = Table("owner", "tools", "agents", "credentials")
-    for row in rows:
-        out.add_row(str(row["owner"]), str(row["tools"]), str(row["agents"]),
-                    str(row["credentials"]))  # fmt: skip
-    console.print(out, soft_wrap=True)
+    listing(OWNER, rows, ["owner", "tools", "agents", "credentials"], output)
 
 
 @owner_app.command()

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import typer
-from rich.table import Table
 
 from toolrelay.cli.context import console, database, fail, owner_id
+from toolrelay.cli.render import TOKEN, Output, listing, output_option
 from toolrelay.errors import InvalidArgument, ToolrelayError
 from toolrelay.registry import Registry
-from toolrelay.tokens import TokenInfo, TokenStore
+from toolrelay.tokens import TokenStore
 
 token_app = typer.Typer(help="Make, list and revoke API tokens.", no_args_is_help=True)
 
@@ -39,13 +40,25 @@ def create(
 
 
 @token_app.command("list")
-def list_() -> None:
-    """List your tokens (never the tokens themselves)."""
+def list_(output: Output = output_option()) -> None:
+    """List your tokens (never the tokens themselves), with the agent each acts as."""
     try:
-        infos = TokenStore(database()).list(owner_id())
+        me = owner_id()
+        infos = TokenStore(database()).list(me)
+        names = {a["id"]: a["name"] for a in Registry(database(), me).list_agents()}
     except ToolrelayError as exc:
         raise fail(exc) from None
-    console.print(_table(infos))
+    rows = [
+        {**asdict(info), "kind": info.kind, "agent_name": names.get(info.agent_id)}
+        for info in infos
+    ]
+    listing(
+        TOKEN,
+        rows,
+        ["id", "kind", "agent_name:agent", "name", "created_at:created",
+         "last_used_at:last used", "expires_at:expires", "revoked_at:revoked"],
+        output,
+    )  # fmt: skip
 
 
 @token_app.command()
@@ -60,23 +73,3 @@ def revoke(token_id: str = typer.Argument(..., metavar="ID")) -> None:
     except ToolrelayError as exc:
         raise fail(exc) from None
     console.print(f"revoked {ident}" if done else f"{ident} was already revoked", markup=False)
-
-
-def _table(infos: list[TokenInfo]) -> Table:
-    table = Table("id", "kind", "agent", "name", "created", "last used", "expires", "revoked")
-    for info in infos:
-        table.add_row(
-            str(info.id),
-            info.kind,
-            str(info.agent_id or "-"),
-            info.name or "-",
-            _when(info.created_at),
-            _when(info.last_used_at),
-            _when(info.expires_at),
-            _when(info.revoked_at),
-        )
-    return table
-
-
-def _when(value: datetime | None) -> str:
-    return f"{value:%Y-%m-%d %H:%M}" if value else "-"

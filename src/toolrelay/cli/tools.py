@@ -1,4 +1,4 @@
-"""`toolrelay tool ...`: register, update, apply, list, show, disable."""
+"""`toolrelay tool ...`: register, update, apply, list, show, disable, enable."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 import yaml
 
 from toolrelay.cli.context import console, database, fail, owner_id
-from toolrelay.cli.render import show, table
+from toolrelay.cli.render import TOOL, Output, detail, listing, output_option
 from toolrelay.errors import InvalidArgument, ToolrelayError
 from toolrelay.registry import Registry, ToolSpec
 
@@ -26,7 +26,11 @@ def parse_json(option: str, text: str | None) -> Any:
     if text is None:
         return None
     if text.startswith("@"):
-        text = Path(text[1:]).read_text()
+        try:
+            text = Path(text[1:]).read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise InvalidArgument(f"--{option} @{text[1:]}: cannot read the file: {why}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -136,29 +140,45 @@ def apply(path: Path) -> None:
 
 
 @tool_app.command("list")
-def list_() -> None:
+def list_(output: Output = output_option()) -> None:
     """List your tools."""
-    rows = registry().list_tools()
-    table(
+    try:
+        rows = registry().list_tools()
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    listing(
+        TOOL,
         rows,
-        ["key", "name", "status", "egress_class", "http_method", "endpoint_url", "auth_method"],
-    )
+        ["key", "name", "status", "egress_class:egress", "http_method:method",
+         "endpoint_url:endpoint", "auth_method:auth"],
+        output,
+    )  # fmt: skip
 
 
 @tool_app.command("show")
-def show_(key: str) -> None:
+def show_(key: str, output: Output = output_option(Output.json)) -> None:
     """Show one tool (never secret material: credentials are referenced by id)."""
     try:
-        show(registry().get_tool(key))
+        detail(TOOL, registry().get_tool(key), output)
     except ToolrelayError as exc:
         raise fail(exc) from None
+
+
+def _set_status(key: str, status: str, done: str) -> None:
+    try:
+        registry().set_tool_status(key, status)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    console.print(f"{done} {key}", markup=False)
 
 
 @tool_app.command("disable")
 def disable(key: str) -> None:
     """Disable a tool: invocations not yet sent will not be sent."""
-    try:
-        registry().set_tool_status(key, "disabled")
-    except ToolrelayError as exc:
-        raise fail(exc) from None
-    console.print(f"disabled {key}", markup=False)
+    _set_status(key, "disabled", "disabled")
+
+
+@tool_app.command("enable")
+def enable(key: str) -> None:
+    """Enable a disabled (or deprecated) tool again: agents can call it."""
+    _set_status(key, "active", "enabled")

@@ -23,6 +23,77 @@ _BY_SQLSTATE: dict[str, type[errors.ToolrelayError]] = {
 }
 
 
+# What a constraint allows, in the words of the field it guards (the Python layer checks the
+# same rules first, naming the value too; these cover plain SQL and anything missed).
+_CHECKS = {
+    "tools_registry_endpoint_url_scheme_check": "endpoint_url must be an http:// or https:// URL",
+    "tools_registry_endpoint_required_unless_none_check":
+        "endpoint_url is required unless egress_class is none",
+    "tools_registry_http_method_check": "http_method must be one of GET, POST, PUT, PATCH, DELETE",
+    "tools_registry_auth_method_check":
+        "auth_method must be one of none, api_key, oauth, service_account",
+    "tools_registry_egress_class_check": "egress_class must be one of none, read_only, write",
+    "tools_registry_auth_placement_check": "auth_placement must be header or query",
+    "tools_registry_status_check": "status must be one of active, disabled, deprecated",
+    "tools_registry_key_check":
+        "key must be 1 to 128 letters, digits, '_', '.' or '-', starting with a letter or digit",
+    "tools_registry_timeouts_check":
+        "timeout_seconds must be more than 0 and at most 3600, connect_timeout_seconds more than 0",
+    "tools_registry_connect_timeout_check": "connect_timeout_seconds must be at most 600",
+    "tools_registry_max_attempts_check": "max_attempts must be from 1 to 20",
+    "tools_registry_max_response_bytes_check": "max_response_bytes must be from 1 to 1073741824",
+    "tools_registry_max_concurrency_check": "max_concurrency must be at least 1",
+    "tools_registry_approval_ttl_check": "approval_ttl_seconds must be at least 1",
+    "tools_registry_response_pointer_check": "response_pointer must start with '/'",
+    "tools_registry_auth_param_prefix_check": "auth_param_prefix must not contain line breaks",
+    "tools_registry_request_template_shape_check":
+        "request_template must be an object with only headers, query and body",
+    "tools_registry_schema_input_check": "schema_input must be a JSON object",
+    "tools_registry_schema_output_check": "schema_output must be a JSON object",
+    "tools_registry_name_check": "name must not be empty",
+    "agents_name_check": "an agent's name must not be empty",
+    "agents_status_check": "an agent's status must be active or disabled",
+    "credentials_name_check": "a credential's name must not be empty",
+    "credentials_kind_check": "kind must be one of api_key, oauth, service_account",
+    "api_tokens_name_check": "a token's name must not be empty",
+}  # fmt: skip
+_UNIQUE = {
+    "tools_registry_owner_key_key": "a tool with key {} already exists",
+    "agents_owner_name_key": "an agent named {} already exists",
+    "credentials_owner_name_key": "a credential named {} already exists",
+    "tool_assignments_agent_tool_key": "that tool is already assigned to that agent",
+}
+_KEY_VALUE = re.compile(r"^Key \(.*\)=\((?:[^,]*, )?(?P<value>.*)\) already exists\.?$")
+
+
+def _constraint_error(
+    state: str, constraint: str, detail: str | None, message: str
+) -> errors.ToolrelayError:
+    if state == "23505":
+        found = _KEY_VALUE.match(detail or "")
+        value = repr(found.group("value")) if found else "with that value"
+        text = _UNIQUE.get(constraint, "something {} already exists").format(value)
+        return errors.Conflict(text)
+    if constraint in _CHECKS:
+        return errors.InvalidArgument(_CHECKS[constraint])
+    if not constraint:  # raised by one of our triggers: its message is written for people
+        return errors.InvalidArgument(message)
+    if state == "23503":
+        return errors.InvalidArgument("it refers to something that does not exist (or not yours)")
+    if state == "23502":
+        return errors.InvalidArgument(message.replace(' of relation "', ' (in "'))
+    return errors.InvalidArgument(message)
+
+
+def _bad_syntax(message: str) -> str:
+    found = re.match(r'invalid input syntax for type (\w+): "(.*)"', message, re.DOTALL)
+    if found and found.group(1) == "uuid":
+        return f"{found.group(2)!r} is not a valid id (a uuid like 0190a2b4-…)"
+    if found:
+        return f"{found.group(2)!r} is not a valid {found.group(1)}"
+    return message
+
+
 def translate_db_error(exc: psycopg.Error) -> errors.ToolrelayError:
     """One clear toolrelay error for a database error, naming the constraint when there is one."""
     if is_connection_error(exc):
@@ -35,11 +106,9 @@ def translate_db_error(exc: psycopg.Error) -> errors.ToolrelayError:
     if state == "42501" or isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return errors.PermissionDenied(message)
     if state.startswith("23"):
-        constraint = diag.constraint_name
-        where = f" (constraint {constraint})" if constraint else ""
-        if state == "23505":
-            return errors.Conflict(f"already exists: {diag.message_detail or message}{where}")
-        return errors.InvalidArgument(f"{message}{where}")
+        return _constraint_error(state, diag.constraint_name or "", diag.message_detail, message)
+    if state == "22P02":  # invalid input syntax, e.g. for a uuid
+        return errors.InvalidArgument(_bad_syntax(message))
     if state.startswith("22") or state == "42804":  # bad value, or a value of the wrong type
         return errors.InvalidArgument(message)
     if not state and isinstance(exc, psycopg.ProgrammingError | psycopg.DataError):  # unadaptable

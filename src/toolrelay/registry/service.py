@@ -29,6 +29,7 @@ from toolrelay.errors import (
     TemplateError,
     ToolrelayError,
 )
+from toolrelay.registry.fields import check_fields, check_limit, check_status
 from toolrelay.registry.models import EXTRA_COLUMNS, UPDATABLE_COLUMNS, ToolSpec
 from toolrelay.registry.validation import check_tool, validate_input
 
@@ -127,6 +128,7 @@ class Registry:
 
     def register_tool(self, spec: ToolSpec) -> Row:
         """Create or update (by key) a tool; validated as stored, or nothing is written."""
+        check_fields(f"tool {spec.key}", spec.as_dict())
         params = {k: _adapt(k, v) for k, v in spec.as_dict().items()}
         with self._tx() as conn:
             row = conn.execute(REGISTER_SQL, params).fetchone()
@@ -146,6 +148,8 @@ class Registry:
         duplicates = sorted({key for key in keys if keys.count(key) > 1})
         if duplicates:
             raise InvalidArgument(f"tool key(s) {duplicates} appear more than once")
+        for spec in specs:
+            check_fields(f"tool {spec.key}", spec.as_dict())
         rows: list[Row] = []
         with self._tx() as conn:
             for spec in specs:
@@ -176,6 +180,7 @@ class Registry:
         unknown = sorted(set(changes) - set(UPDATABLE_COLUMNS))
         if unknown:
             raise InvalidArgument(f"cannot update field(s) {unknown}")
+        check_fields(f"tool {key_or_id}", changes)
         with self._tx() as conn:
             tool = self._find_tool(conn, key_or_id)
             row = self._update_columns(conn, tool["id"], dict(changes)) if changes else tool
@@ -328,6 +333,28 @@ class Registry:
             conn.execute("SELECT fn_approve_tool_invocation(%s, %s)", (str(invocation_id), current))
             return current
 
+    def retry(self, invocation_id: UUID | str) -> UUID:
+        """A failed, rejected or expired call made again (a human owner only): a new
+        invocation with its agent, tool, input and run, ``retry_of`` the first, under every
+        rule of a new call (gated again if the tool is gated now). The input is validated
+        against the tool's current schema first."""
+        ident = _as_uuid(str(invocation_id))
+        if ident is None:
+            raise InvalidArgument(f"not an invocation id: {invocation_id!r}")
+        with self._tx() as conn:
+            # The function decides who and which calls; then the schema, as for invoke:
+            # raising here rolls the new call back.
+            new = conn.execute("SELECT fn_retry_tool_invocation(%s) AS id", (ident,)).fetchone()
+            assert new is not None
+            row = conn.execute(
+                "SELECT i.input, t.schema_input FROM agents.tool_invocations i"
+                " JOIN agents.tools_registry t ON t.id = i.tool_id WHERE i.id = %s",
+                (new["id"],),
+            ).fetchone()
+            assert row is not None
+            validate_input(row["schema_input"], row["input"])
+            return UUID(str(new["id"]))
+
     def reject(self, invocation_id: UUID | str, reason: str | None = None) -> None:
         with self._tx() as conn:
             conn.execute("SELECT fn_reject_tool_invocation(%s, %s)", (str(invocation_id), reason))
@@ -349,6 +376,8 @@ class Registry:
     ) -> list[Row]:
         """Newest first. ``tool`` is a key or id, ``agent`` a name or id; ``before`` is the
         (created_at, id) of the last row of the previous page (keyset pagination)."""
+        check_status(status)
+        check_limit(limit)
         tool_id, agent_id = _as_uuid(tool or ""), _as_uuid(agent or "")
         params = {
             "status": status,
@@ -401,10 +430,16 @@ class Registry:
                 raise NotFound(f"invocation {invocation_id} not found")
             row["attempts"] = conn.execute(
                 "SELECT attempt, worker, started_at, finished_at, status_code, duration_ms,"
-                " error_code, error FROM agents.tool_invocation_attempts"
+                " error_code, error, request_method, request_url, request_headers,"
+                " request_body_bytes, request_body_sha256 FROM agents.tool_invocation_attempts"
                 " WHERE invocation_id = %s ORDER BY attempt, id",
                 (ident,),
             ).fetchall()
+            # the other direction of retry_of (at most one retry per call)
+            retried = conn.execute(
+                "SELECT id FROM agents.tool_invocations WHERE retry_of = %s", (ident,)
+            ).fetchone()
+            row["retried_by"] = retried["id"] if retried else None
             return row
 
 
