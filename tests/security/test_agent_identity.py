@@ -180,9 +180,8 @@ def test_agent_identity_reads_only_its_own_rows(office: Office, db: Database, do
         assert ids("SELECT tool_id AS id FROM agents.tool_assignments") == {office.bot_tool}
         assert ids("SELECT id FROM agents.tools_registry") == {office.bot_tool}
         assert ids("SELECT id FROM agents.tool_invocations") == {office.bot_call}
-        assert ids("SELECT invocation_id AS id FROM agents.tool_invocation_attempts") == {
-            office.bot_call
-        }
+        # attempts are the owner's (egress detail, the request sent): not even its own
+        assert ids("SELECT invocation_id AS id FROM agents.tool_invocation_attempts") == set()
         assert ids("SELECT id FROM agents.credentials") == set()
         assert ids("SELECT id FROM agents.api_tokens") == set()
         # ...and it may still invoke, as itself.
@@ -205,6 +204,7 @@ def _owner_only_calls(office: Office) -> dict[str, tuple[str, tuple[Any, ...]]]:
         "fn_revoke_tool": ("SELECT fn_revoke_tool(%s, %s)", (office.bot, office.bot_tool)),
         "fn_approve_tool_invocation": ("SELECT fn_approve_tool_invocation(%s)", (office.bot_call,)),
         "fn_reject_tool_invocation": ("SELECT fn_reject_tool_invocation(%s)", (office.bot_call,)),
+        "fn_retry_tool_invocation": ("SELECT fn_retry_tool_invocation(%s)", (office.bot_call,)),
         "fn_create_api_token": (
             "SELECT fn_create_api_token(%s, %s)", (os.urandom(32), office.bot)),
         "fn_revoke_api_token": ("SELECT fn_revoke_api_token(%s)", (office.token,)),

@@ -6,12 +6,14 @@ from typing import Annotated
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Request, Response, status
+from starlette.concurrency import run_in_threadpool
 
 from toolrelay.api import schemas as s
 from toolrelay.api.auth import agent_caller
 from toolrelay.api.context import ApiContext, get_context
 from toolrelay.api.paths import Wait, wait_for_invocation
 from toolrelay.db.connect import Row
+from toolrelay.registry import Registry
 from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1/agent", tags=["agent"])
@@ -60,7 +62,11 @@ def invoke(body: s.InvokeIn, context: Ctx, caller: Agent, response: Response) ->
 )
 async def show(
     invocation_id: UUID, request: Request, context: Ctx, caller: Agent, wait: Wait = 0
-) -> s.InvocationDetail:
+) -> s.AgentInvocationDetail:
     registry = context.registry(caller)
     row = await wait_for_invocation(request, registry, invocation_id, wait, agent=_me(caller))
-    return s.InvocationDetail.model_validate(row)
+    # Attempts are the owner's rows (RLS): read on the owner's behalf, then only the parts
+    # an agent may see — no egress detail, no request sent.
+    owner_view = Registry(context.db, caller.owner)
+    row["attempts"] = await run_in_threadpool(owner_view.attempts_of, invocation_id)
+    return s.AgentInvocationDetail.model_validate(row)

@@ -307,6 +307,21 @@ class InvocationDetail(InvocationOut):
     )
 
 
+class AgentAttemptOut(BaseModel):
+    """An attempt as its agent sees it: no egress detail, no request sent (owners' view)."""
+
+    attempt: int
+    started_at: datetime
+    finished_at: datetime | None
+    status_code: int | None
+    duration_ms: float | None
+    error_code: str | None
+
+
+class AgentInvocationDetail(InvocationOut):
+    attempts: list[AgentAttemptOut]
+
+
 class InvocationPage(BaseModel):
     items: list[InvocationOut]
     next_cursor: str | None = Field(

@@ -410,6 +410,17 @@ class Registry:
         with self._tx() as conn:
             return conn.execute(_REVIEW_QUEUE, (limit,)).fetchall()
 
+    def attempts_of(self, invocation_id: UUID | str) -> list[Row]:
+        """What an agent may see of a call's attempts (its owner reads them): number,
+        times, status code and error code — no egress detail, no request sent."""
+        with self._tx() as conn:
+            return conn.execute(
+                "SELECT attempt, started_at, finished_at, status_code, duration_ms, error_code"
+                " FROM agents.tool_invocation_attempts WHERE invocation_id = %s"
+                " ORDER BY attempt, id",
+                (str(invocation_id),),
+            ).fetchall()
+
     def get_invocation(self, invocation_id: UUID | str, *, agent: str | None = None) -> Row:
         """One invocation with its attempt history under ``attempts``.
 
