@@ -7,43 +7,48 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-import jsonschema
 from jsonschema.exceptions import best_match
-from jsonschema.validators import validator_for
 
 from toolrelay.dispatch.template import validate_template
 from toolrelay.errors import InvalidArgument, InvalidInput, TemplateError
+from toolrelay.registry.schemas import SchemaValidator, compile_schema, schema_problem
 
 
 def check_json_schema(where: str, schema: Mapping[str, Any]) -> None:
-    if not isinstance(schema, Mapping):
-        raise InvalidArgument(f"{where} must be a JSON object")
-    try:
-        validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        path = "/".join(str(p) for p in exc.path) or "(root)"
-        raise InvalidArgument(
-            f"{where} is not a valid JSON Schema at {path}: {exc.message}"
-        ) from None
+    """Refuse a schema that is not valid, reaches outside itself (a ``$ref`` that is not
+    inside the document, an unknown ``$schema``) or has a pattern RE2 cannot run; the
+    error names the JSON Pointer of the keyword (registry/schemas.py)."""
+    problem = schema_problem(schema)
+    if problem is not None:
+        raise InvalidArgument(f"{where} {problem}")
 
 
 VALIDATOR_CACHE_SIZE = 1024  # distinct schemas kept compiled per process
 
 
 @lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
-def _validator(schema_json: str) -> Any:
-    schema = json.loads(schema_json)
-    return validator_for(schema)(schema)
+def _validator(schema_json: str) -> SchemaValidator:
+    return compile_schema(json.loads(schema_json))
 
 
-def validator(schema: Mapping[str, Any]) -> Any:
-    """A compiled validator, reused for every value checked against the same schema."""
+def validator(schema: Mapping[str, Any]) -> SchemaValidator:
+    """A compiled validator, reused for every value checked against the same schema.
+
+    The schema is checked again here (it may have been stored past registration): one that
+    cannot be used makes every value invalid, saying why, and is never fetched from.
+    """
     return _validator(json.dumps(schema, sort_keys=True))
 
 
 def validate_input(schema: Mapping[str, Any], value: Any) -> None:
     """Raise InvalidInput naming the first violation, with its location in the input."""
-    error = best_match(validator(schema).iter_errors(value))
+    compiled = validator(schema)
+    if compiled.refusal is not None:
+        raise InvalidInput(
+            f"the tool's schema_input {compiled.refusal}; the tool must be fixed before it"
+            " can be invoked"
+        )
+    error = best_match(compiled.iter_errors(value))
     if error is not None:
         where = "input" + "".join(
             f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
