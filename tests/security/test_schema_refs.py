@@ -25,7 +25,7 @@ from tests.registry.helpers import add_tool, agent_with_tool
 from tests.security.tripwires import CountingServer, io_events
 from toolrelay.dispatch.worker import Worker
 from toolrelay.errors import InvalidArgument, InvalidInput
-from toolrelay.mcp.server import invocation_result
+from toolrelay.mcp.server import invocation_result, mcp_tool
 from toolrelay.registry import Registry
 from toolrelay.registry.schemas import REGISTRY
 from toolrelay.registry.validation import check_json_schema, validate_input, validator
@@ -181,7 +181,7 @@ async def test_stored_remote_schema_input_is_never_fetched_on_invoke_or_dispatch
     assert counter.requests == []
 
 
-async def test_stored_remote_schema_output_is_never_fetched_when_output_arrives(
+async def test_stored_remote_schema_output_is_never_fetched_and_nothing_is_sent(
     registry: Registry, upstream: Upstream, drain: Drain, counter: CountingServer
 ) -> None:
     url = counter.url("/output.json")
@@ -190,11 +190,9 @@ async def test_stored_remote_schema_output_is_never_fetched_when_output_arrives(
     inv_id = registry.invoke(agent, tool["key"], {"text": "hi"})
     await drain()
     inv = registry.get_invocation(inv_id)
-    assert inv["status"] == "completed", inv["error"]  # the call was made: its output is kept
-    assert inv["output"]["query"] == {"text": "hi"}
-    assert "at /properties/x/$ref" in inv["output_mismatch"]
-    assert OUTSIDE in inv["output_mismatch"]
-    assert len(upstream.seen) == 1
+    assert (inv["status"], inv["error_code"]) == ("failed", "schema_error")
+    assert "at /properties/x/$ref" in inv["error"] and OUTSIDE in inv["error"]
+    assert upstream.seen == []  # refused before anything left: a bad tool sends nothing
 
     # MCP checks the same output against the same schema when it answers tools/call.
     answer = invocation_result(inv, with_ref(url), 0.0)
@@ -231,8 +229,8 @@ async def test_tool_registered_in_plain_sql_with_file_refs_never_reads_them(
         await drain()
     assert marker not in info.value.message
     inv = registry.get_invocation(inv_id)
-    assert inv["status"] == "completed"
-    assert OUTSIDE in inv["output_mismatch"] and marker not in inv["output_mismatch"]
+    assert (inv["status"], inv["error_code"]) == ("failed", "schema_error")
+    assert OUTSIDE in inv["error"] and marker not in inv["error"]
     assert files_opened(events, path) == []
 
 
@@ -335,3 +333,15 @@ def test_the_registry_schemas_compile_against_never_retrieves(counter: CountingS
             REGISTRY.get_or_retrieve(uri)
         assert events == []
     assert counter.requests == []
+
+
+def test_mcp_never_hands_a_client_a_schema_with_a_remote_reference() -> None:
+    """A client that validates against inputSchema/outputSchema could fetch it itself."""
+    remote = with_ref("http://127.0.0.1:9/schema.json")
+    row = {"key": "t.x", "name": "X", "schema_input": remote, "schema_output": remote,
+           "egress_class": "read_only", "gated": False}  # fmt: skip
+    tool = mcp_tool(row)
+    assert tool.input_schema == {"type": "object"}
+    assert tool.output_schema is None
+    assert "127.0.0.1:9" not in tool.model_dump_json()
+    assert "127.0.0.1:9" not in mcp_tool(row | {"gated": True}).model_dump_json()

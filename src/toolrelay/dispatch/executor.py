@@ -292,6 +292,11 @@ def precheck(row: Mapping[str, Any]) -> Outcome | None:
     if row["endpoint_url"] is None:
         return Outcome.failed("no_endpoint", f"tool {row['tool_key']} has no endpoint_url")
     validate_input(row["schema_input"], row["input"])
+    refusal = validator(row["schema_output"]).refusal if row["schema_output"] else None
+    if refusal is not None:  # stored past registration: refuse before anything leaves
+        return Outcome.failed(
+            "schema_error", f"the tool's schema_output {refusal}; the call was not sent"
+        )
     return None
 
 

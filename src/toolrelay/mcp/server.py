@@ -120,6 +120,10 @@ class McpSettings:
 def input_schema_for(row: Mapping[str, Any]) -> dict[str, Any]:
     """The tool's schema_input; MCP needs ``type: object`` at the root, added when absent."""
     schema: dict[str, Any] = dict(row.get("schema_input") or {})
+    if validator(schema).refusal is not None:
+        # Stored past registration with a remote reference: never hand it to a client,
+        # which might fetch it. Calls are refused (invalid_input) anyway.
+        return {"type": "object"}
     schema.setdefault("type", "object")
     return schema
 
@@ -139,6 +143,8 @@ def output_schema_for(row: Mapping[str, Any]) -> dict[str, Any] | None:
     check against outputSchema and refuse, so gated tools declare none."""
     schema = row.get("schema_output")
     if not isinstance(schema, Mapping) or not _object_schema(schema) or row.get("gated"):
+        return None
+    if validator(schema).refusal is not None:
         return None
     return dict(schema)
 
@@ -162,7 +168,12 @@ def mcp_tool(row: Mapping[str, Any]) -> types.Tool:
     """One registry tool (a row of ``Registry.agent_tools``) as an MCP tool."""
     meta: dict[str, Any] = {META_REQUIRES_APPROVAL: bool(row.get("gated"))}
     schema_output = row.get("schema_output")
-    if row.get("gated") and _object_schema(schema_output):
+    if (
+        row.get("gated")
+        and isinstance(schema_output, Mapping)
+        and _object_schema(schema_output)
+        and validator(schema_output).refusal is None
+    ):
         meta[META_OUTPUT_SCHEMA] = schema_output  # what a completed call will hold
     return types.Tool(
         name=row["key"],
