@@ -143,7 +143,7 @@ def where(url: str) -> str:
 
 def unreachable(url: str, reason: str) -> errors.DatabaseUnavailable:
     """One line a person can act on: where, why, and the URL with its password hidden."""
-    first = next((line for line in reason.splitlines() if line.strip()), reason).strip()
+    first = mask_url(next((line for line in reason.splitlines() if line.strip()), reason).strip())
     why = first.rsplit("failed: ", 1)[-1].removeprefix("connection is bad: ")
     why = why[:1].lower() + why[1:]
     if "couldn't get a connection after" in first:
@@ -161,6 +161,6 @@ def check_url(url: str, source: str = "DATABASE_URL") -> None:
         conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
         raise errors.DatabaseUnavailable(
-            f"{source} is not a valid PostgreSQL connection string: {exc}"
+            f"{source} is not a valid PostgreSQL connection string: {mask_url(str(exc)).strip()}"
             f" ({source}={mask_url(url)}, password hidden)"
         ) from None
