@@ -247,13 +247,20 @@ class Me(BaseModel):
 # --- invocations ---------------------------------------------------------------------------
 
 
-class AttemptOut(BaseModel):
+class AgentAttemptOut(BaseModel):
+    """An attempt as its agent sees it: no egress detail, no request sent (owners' view)."""
+
     attempt: int
     started_at: datetime
     finished_at: datetime | None
     status_code: int | None
     duration_ms: float | None
     error_code: str | None
+
+
+class AttemptOut(AgentAttemptOut):
+    """An attempt as its owner sees it: the detail of any error, and the request sent."""
+
     error: str | None
     # The request handed to the HTTP client; all null when nothing was sent.
     request_method: str | None = None
@@ -305,17 +312,6 @@ class InvocationDetail(InvocationOut):
     retried_by: UUID | None = Field(
         default=None, description="The invocation that retries this one (at most one)."
     )
-
-
-class AgentAttemptOut(BaseModel):
-    """An attempt as its agent sees it: no egress detail, no request sent (owners' view)."""
-
-    attempt: int
-    started_at: datetime
-    finished_at: datetime | None
-    status_code: int | None
-    duration_ms: float | None
-    error_code: str | None
 
 
 class AgentInvocationDetail(InvocationOut):
