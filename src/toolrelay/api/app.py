@@ -55,7 +55,10 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if not settings.run_worker:
-            yield
+            try:
+                yield
+            finally:
+                await context.outcomes.close()
             return
         worker = Worker(context.db.url, settings.worker, settings.keyring, settings.egress)
         running[:] = [worker]
@@ -69,6 +72,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                 await asyncio.wait_for(asyncio.shield(task), WORKER_STOP_TIMEOUT)
             if not task.done():
                 task.cancel()
+            await context.outcomes.close()
 
     app = FastAPI(
         title="toolrelay",

@@ -16,6 +16,7 @@ from toolrelay.api.limits import (
 from toolrelay.credentials import CredentialStore, Keyring
 from toolrelay.db import Database
 from toolrelay.dispatch.egress import EgressPolicy
+from toolrelay.dispatch.outcomes import Outcomes
 from toolrelay.dispatch.worker import WorkerSettings
 from toolrelay.registry import Registry
 from toolrelay.tokens import Authenticator, Caller, TokenStore
@@ -36,6 +37,8 @@ class ApiSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     rate_per_second: float = DEFAULT_RATE_PER_SECOND
     rate_burst: int = DEFAULT_BURST
+    # seconds between reads of a waited-on call while nobody listens; None: the environment
+    wait_poll_seconds: float | None = None
 
 
 @dataclass
@@ -46,6 +49,7 @@ class ApiContext:
     credentials: CredentialStore
     tokens: TokenStore
     limiter: RateLimiter
+    outcomes: Outcomes
     csrf_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     @classmethod
@@ -53,6 +57,8 @@ class ApiContext:
         # Fail fast when the database is gone: a request answers 503 within the timeout.
         db = Database(settings.database_url, timeout=DB_TIMEOUT)
         authenticator = Authenticator(db, settings.jwt_secret)
+        # LISTEN needs a direct connection: the worker's, or none behind a pooler (poll)
+        listen = settings.worker.listen_url or (None if settings.worker.pooler else db.url)
         return cls(
             settings=settings,
             db=db,
@@ -60,6 +66,7 @@ class ApiContext:
             credentials=CredentialStore(db, settings.keyring),
             tokens=authenticator.tokens,
             limiter=RateLimiter(settings.rate_per_second, settings.rate_burst),
+            outcomes=Outcomes(listen, settings.wait_poll_seconds),
         )
 
     def registry(self, caller: Caller) -> Registry:

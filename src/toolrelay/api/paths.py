@@ -3,14 +3,14 @@ toolrelay.registry.pages, so that the CLI hands out and takes the same cursors).
 
 from __future__ import annotations
 
-import asyncio
-import time
+from functools import partial
 from typing import Annotated
 from uuid import UUID
 
 from fastapi import Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from toolrelay.api.context import get_context
 from toolrelay.db.connect import Row
 from toolrelay.registry import Registry
 from toolrelay.registry.pages import decode_cursor as decode_cursor
@@ -19,7 +19,6 @@ from toolrelay.registry.pages import encode_cursor as encode_cursor
 TOOL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 NAME_PATTERN = r"^[^\x00]{1,200}$"
 MAX_WAIT = 60.0  # seconds a long poll may last
-WAIT_POLL_INTERVAL = 0.2  # seconds between looks at the database while waiting
 FINISHED = frozenset({"completed", "failed", "rejected", "expired"})
 
 ToolKey = Annotated[str, Path(pattern=TOOL_KEY_PATTERN, description="A tool key (or id).")]
@@ -36,12 +35,14 @@ Wait = Annotated[
 async def wait_for_invocation(
     request: Request, registry: Registry, invocation_id: UUID, wait: float, agent: str | None
 ) -> Row:
-    """The invocation, once finished or when ``wait`` seconds (capped) have passed."""
-    deadline = time.monotonic() + min(wait, MAX_WAIT)
-    while True:
-        row = await run_in_threadpool(registry.get_invocation, invocation_id, agent=agent)
-        if row["status"] in FINISHED or time.monotonic() >= deadline:
-            return row
-        if await request.is_disconnected():
-            return row
-        await asyncio.sleep(min(WAIT_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+    """The invocation, once finished or when ``wait`` seconds (capped) have passed.
+
+    Woken by the outcome's NOTIFY (toolrelay.dispatch.outcomes), not by a fixed poll."""
+    read = partial(run_in_threadpool, registry.get_invocation, invocation_id, agent=agent)
+    return await get_context(request).outcomes.wait_for(
+        invocation_id,
+        read,
+        lambda row: row["status"] in FINISHED,
+        min(wait, MAX_WAIT),
+        gone=request.is_disconnected,
+    )

@@ -88,7 +88,7 @@ class McpEndpoint:
 
     def __init__(self, context: ApiContext, settings: McpSettings | None = None) -> None:
         self.context = context
-        self.server = build_server(context.db, caller_from_request, settings)
+        self.server = build_server(context.db, caller_from_request, settings, context.outcomes)
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
             # Host/Origin checks are done here (any Host may be legitimate behind a proxy).

@@ -11,9 +11,10 @@ functions and row-level security see the agent.
   ``schema_input``; ``outputSchema`` its ``schema_output`` when that is an object schema with
   properties and a call can answer with it (not for tools whose calls wait for approval);
   annotations follow ``egress_class``. Plus ``toolrelay_invocation_status``.
-- ``tools/call``: ``Registry.invoke`` as the agent, then poll the invocation for up to
-  ``wait_seconds``; the dispatcher runs elsewhere (``toolrelay serve``'s in-process worker or
-  ``toolrelay worker``). docs/mcp.md describes every answer.
+- ``tools/call``: ``Registry.invoke`` as the agent, then wait up to ``wait_seconds`` for the
+  outcome, woken by its NOTIFY (``toolrelay.dispatch.outcomes``); the dispatcher runs
+  elsewhere (``toolrelay serve``'s in-process worker or ``toolrelay worker``). docs/mcp.md
+  describes every answer.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from toolrelay import __version__
 from toolrelay.db import Database
 from toolrelay.db.connect import Row
+from toolrelay.dispatch.outcomes import Outcomes
 from toolrelay.errors import (
     ConfigurationError,
     InvalidArgument,
@@ -68,7 +70,6 @@ __all__ = [
 
 STATUS_TOOL: Final = "toolrelay_invocation_status"
 MAX_STATUS_WAIT: Final = 30.0  # the most one toolrelay_invocation_status call waits
-POLL_INTERVAL: Final = 0.2  # seconds between looks at the invocation while waiting
 FINISHED: Final = frozenset({"completed", "failed", "rejected", "expired"})
 META_INVOCATION: Final = "toolrelay/invocation"
 META_REQUIRES_APPROVAL: Final = "toolrelay/requiresApproval"
@@ -90,10 +91,9 @@ log = logging.getLogger("toolrelay.mcp")
 
 @dataclass(frozen=True)
 class McpSettings:
-    """How long ``tools/call`` waits for an outcome, and how often it looks."""
+    """How long ``tools/call`` waits for an outcome."""
 
     wait_seconds: float = DEFAULT_WAIT_SECONDS
-    poll_interval: float = POLL_INTERVAL
 
     def __post_init__(self) -> None:
         if not 0 <= self.wait_seconds <= MAX_WAIT_SECONDS:
@@ -377,10 +377,13 @@ def unknown_tool(name: str) -> MCPError:
 
 
 class _Handlers:
-    def __init__(self, db: Database, caller_for: CallerFor, settings: McpSettings) -> None:
+    def __init__(
+        self, db: Database, caller_for: CallerFor, settings: McpSettings, outcomes: Outcomes
+    ) -> None:
         self.db = db
         self.caller_for = caller_for
         self.settings = settings
+        self.outcomes = outcomes
 
     async def _registry(self, ctx: ServerRequestContext[Any, Any]) -> tuple[Registry, str]:
         caller = await self.caller_for(ctx)
@@ -439,15 +442,12 @@ class _Handlers:
 
     async def _wait(self, registry: Registry, agent: str, invocation_id: UUID, wait: float) -> Row:
         """The invocation once finished, waiting for a human, or when ``wait`` s have passed."""
-        deadline = time.monotonic() + wait
-        while True:
-            row = await _run(registry.get_invocation, invocation_id, agent=agent)
-            if row["status"] in FINISHED or row["status"] == "pending":
-                return row
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return row
-            await anyio.sleep(min(self.settings.poll_interval, remaining))
+        return await self.outcomes.wait_for(
+            invocation_id,
+            partial(_run, registry.get_invocation, invocation_id, agent=agent),
+            lambda row: row["status"] in FINISHED or row["status"] == "pending",
+            wait,
+        )
 
 
 def _status_arguments(arguments: Mapping[str, Any]) -> tuple[UUID, float]:
@@ -466,10 +466,14 @@ def _status_arguments(arguments: Mapping[str, Any]) -> tuple[UUID, float]:
 
 
 def build_server(
-    db: Database, caller_for: CallerFor, settings: McpSettings | None = None
+    db: Database,
+    caller_for: CallerFor,
+    settings: McpSettings | None = None,
+    outcomes: Outcomes | None = None,
 ) -> Server[Any]:
-    """The MCP server; ``caller_for`` names the agent each request acts as."""
-    handlers = _Handlers(db, caller_for, settings or McpSettings())
+    """The MCP server; ``caller_for`` names the agent each request acts as. ``outcomes``:
+    the process's listener for finished calls (``serve`` shares the API's), else a new one."""
+    handlers = _Handlers(db, caller_for, settings or McpSettings(), outcomes or Outcomes(db.url))
     return Server(
         "toolrelay",
         version=__version__,

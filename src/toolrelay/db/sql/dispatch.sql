@@ -55,6 +55,9 @@ RETURNING i.id;
 -- became gated since the call was made) and every attempt made, with the request it sent
 -- (credential masked; NULLs when nothing was sent).
 -- A worker whose lease was taken over matches no row: its result is discarded.
+-- Waiters learn of terminal outcomes and of calls back at 'pending' (not of retries) from
+-- NOTIFY toolrelay_done in this transaction, so a woken waiter sees the row: one per batch,
+-- ids comma-separated, 200 ids (7,400 bytes) at most per payload (the limit is 8,000).
 WITH r AS (
     SELECT * FROM jsonb_to_recordset(%(results)s) AS x(
         id uuid, attempt integer, status text, output jsonb, error text, error_code text,
@@ -73,7 +76,7 @@ WITH r AS (
           finished_at timestamptz, status_code integer, duration_ms double precision,
           error_code text, error text, request_method text, request_url text,
           request_headers jsonb, request_body_bytes bigint, request_body_sha256 text)
-)
+), done AS (
 UPDATE agents.tool_invocations i
    SET status = r.status,
        output = r.output,
@@ -99,7 +102,15 @@ UPDATE agents.tool_invocations i
   FROM r
  WHERE i.id = r.id AND i.attempt = r.attempt AND i.lease_owner = %(worker)s
    AND i.status = 'running'
-RETURNING i.id;
+RETURNING i.id, i.status
+), told AS (
+    SELECT count(pg_notify('toolrelay_done', ids)) AS n
+      FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk
+                      FROM done WHERE status <> 'running') numbered
+             GROUP BY chunk) chunks
+)
+SELECT done.id FROM done, told;
 
 -- name: heartbeat
 UPDATE agents.tool_invocations

@@ -1,0 +1,152 @@
+"""Waiting for an invocation's outcome: one LISTEN connection per process wakes the waiters.
+
+The worker's ``finish`` query sends one NOTIFY on ``toolrelay_done`` per batch, with the ids
+whose outcome is terminal or back at 'pending', in its own transaction, so a woken waiter
+sees the row. Migration 0017's trigger sends one when a decision or an expiry moves a call
+out of 'pending'. A notification is only ever a hint to re-read the row: a waiter registers
+before its first read (an outcome that lands during the read wakes the next wait), every
+waiter is woken to re-read when the listener connects or drops (whatever was sent while
+nobody listened), and while the listener is down waits fall back to a slow poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any, Final
+from uuid import UUID
+
+import psycopg
+
+from toolrelay.errors import ConfigurationError
+
+__all__ = ["DONE_CHANNEL", "FALLBACK_POLL_ENV", "Outcomes"]
+
+DONE_CHANNEL: Final = "toolrelay_done"
+FALLBACK_POLL_ENV: Final = "TOOLRELAY_WAIT_POLL_SECONDS"
+DEFAULT_FALLBACK_POLL: Final = 1.0  # seconds between reads while nobody listens
+RECONNECT_MIN: Final = 0.2  # seconds; doubled after each failed connection, up to the max
+RECONNECT_MAX: Final = 5.0
+
+Row = dict[str, Any]
+log = logging.getLogger("toolrelay.outcomes")
+
+
+def fallback_poll_from_env(environ: Mapping[str, str] | None = None) -> float:
+    """TOOLRELAY_WAIT_POLL_SECONDS, else one second."""
+    raw = (os.environ if environ is None else environ).get(FALLBACK_POLL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_FALLBACK_POLL
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{FALLBACK_POLL_ENV} is not a number: {raw!r}") from None
+    if not value > 0:
+        raise ConfigurationError(f"{FALLBACK_POLL_ENV} must be positive, got {raw!r}")
+    return value
+
+
+class Outcomes:
+    """Invocation ids mapped to the events of the coroutines waiting on them.
+
+    ``url`` None (behind a transaction pooler, where LISTEN does not work): poll only.
+    The listener starts with the first waiter, in that waiter's event loop.
+    """
+
+    def __init__(self, url: str | None, fallback_poll: float | None = None) -> None:
+        self.url = url
+        self.fallback_poll = fallback_poll_from_env() if fallback_poll is None else fallback_poll
+        self.listening = False
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait_for(
+        self,
+        invocation_id: UUID,
+        read: Callable[[], Awaitable[Row]],
+        settled: Callable[[Row], bool],
+        seconds: float,
+        gone: Callable[[], Awaitable[bool]] | None = None,
+    ) -> Row:
+        """``read()`` once ``settled`` by it, when ``seconds`` have passed, or when ``gone``."""
+        deadline = time.monotonic() + seconds
+        with self._watch(str(invocation_id)) as event:
+            while True:
+                event.clear()  # before the read: an outcome landing during it wakes the wait
+                row = await read()
+                remaining = deadline - time.monotonic()
+                if settled(row) or remaining <= 0 or (gone is not None and await gone()):
+                    return row
+                timeout = remaining if self.listening else min(self.fallback_poll, remaining)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout)
+
+    def wake(self, ids: Iterable[str]) -> None:
+        """Wake whoever waits on these ids (a NOTIFY payload, or an in-process hand-off)."""
+        for key in ids:
+            for event in self._waiters.get(key, ()):
+                event.set()
+
+    def waiting(self, invocation_id: UUID | None = None) -> bool:
+        """Whether someone waits on this call (None: on any call) now."""
+        return bool(self._waiters) if invocation_id is None else str(invocation_id) in self._waiters
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    @contextlib.contextmanager
+    def _watch(self, key: str) -> Iterator[asyncio.Event]:
+        self._start()
+        event = asyncio.Event()
+        self._waiters.setdefault(key, set()).add(event)
+        try:
+            yield event
+        finally:
+            peers = self._waiters.get(key)
+            if peers is not None:
+                peers.discard(event)
+                if not peers:
+                    del self._waiters[key]
+
+    def _start(self) -> None:
+        if self.url is None:
+            return
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self.listening = False
+            self._task = loop.create_task(self._listen(self.url), name="toolrelay-outcomes")
+
+    def _wake_all(self) -> None:
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+
+    async def _listen(self, url: str) -> None:
+        delay = RECONNECT_MIN
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {DONE_CHANNEL}")
+                    self.listening = True
+                    delay = RECONNECT_MIN
+                    self._wake_all()  # whatever landed while nobody listened
+                    async for note in conn.notifies():
+                        self.wake(note.payload.split(","))
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                log.warning(
+                    "not listening for outcomes; waits poll until it reconnects",
+                    extra={"action": "outcomes_listen_error", "error": str(exc)[:200]},
+                )
+            finally:
+                self.listening = False
+                self._wake_all()  # they poll now
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX)
