@@ -148,3 +148,38 @@ async def test_an_outcome_landing_during_the_first_read_is_not_lost(
     assert reads == ["running", "completed"]
     assert row["status"] == "completed"
     assert world.gate.answered_at is not None and told_at - world.gate.answered_at < WAKE_LIMIT
+
+
+async def test_a_waiter_that_skips_its_first_read_still_sees_an_outcome_told_before(
+    world: World, database_url: str, db: Database
+) -> None:
+    """MCP's tools/call skips the first read of the call it just made when the listener has
+    listened since before: an outcome told before the waiter registers must not be lost."""
+    registry = Registry(db, world.owner.owner)
+    outcomes = Recording(database_url)
+    reads: list[str] = []
+
+    async def read() -> dict[str, Any]:
+        row = await asyncio.to_thread(registry.get_invocation, invocation_id)
+        reads.append(row["status"])
+        return row
+
+    try:
+        outcomes.mark()  # starts the listener
+        assert await until_async(lambda: outcomes.listening)
+        mark = outcomes.mark()
+        invocation_id = await asyncio.to_thread(invoke, world.bot, "read")
+        world.gate.open()
+        assert await until_async(lambda: invocation_id in outcomes.told)
+        started = time.monotonic()
+        row = await outcomes.wait_for(
+            uuid.UUID(invocation_id),
+            read,
+            lambda r: r["status"] == "completed",
+            10.0,
+            unread_since=mark,
+        )
+    finally:
+        await outcomes.close()
+    assert time.monotonic() - started < WAKE_LIMIT
+    assert reads == ["completed"] and row["status"] == "completed"

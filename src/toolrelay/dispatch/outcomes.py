@@ -7,6 +7,11 @@ out of 'pending'. A notification is only ever a hint to re-read the row: a waite
 before its first read (an outcome that lands during the read wakes the next wait), every
 waiter is woken to re-read when the listener connects or drops (whatever was sent while
 nobody listened), and while the listener is down waits fall back to a slow poll.
+
+A caller that has just made the call may skip the first read (``unread_since``): when the
+listener was listening before the call was committed, every settled state of that call
+(its insert at 'pending', an outcome, a decision) is told to this listener after that;
+either it is among the ids told recently, or it is still to come and wakes the waiter.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ FALLBACK_POLL_ENV: Final = "TOOLRELAY_WAIT_POLL_SECONDS"
 DEFAULT_FALLBACK_POLL: Final = 1.0  # seconds between reads while nobody listens
 RECONNECT_MIN: Final = 0.2  # seconds; doubled after each failed connection, up to the max
 RECONNECT_MAX: Final = 5.0
+RECENT_IDS: Final = 50_000  # ids told lately, kept for waiters that skip their first read
 
 Row = dict[str, Any]
 log = logging.getLogger("toolrelay.outcomes")
@@ -61,7 +67,9 @@ class Outcomes:
         self.url = url
         self.fallback_poll = fallback_poll_from_env() if fallback_poll is None else fallback_poll
         self.listening = False
+        self.epoch = 0  # one more at every (re)connection of the listener
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._recent: dict[str, None] = {}  # insertion-ordered: the oldest goes first
         self._task: asyncio.Task[None] | None = None
 
     async def wait_for(
@@ -71,25 +79,42 @@ class Outcomes:
         settled: Callable[[Row], bool],
         seconds: float,
         gone: Callable[[], Awaitable[bool]] | None = None,
+        unread_since: int | None = None,
     ) -> Row:
-        """``read()`` once ``settled`` by it, when ``seconds`` have passed, or when ``gone``."""
+        """``read()`` once ``settled`` by it, when ``seconds`` have passed, or when ``gone``.
+
+        ``unread_since``: ``mark()`` taken before the call was made; skip the first read
+        when the listener has listened since and has not told this id yet."""
         deadline = time.monotonic() + seconds
-        with self._watch(str(invocation_id)) as event:
+        key = str(invocation_id)
+        with self._watch(key) as event:
+            skip = self.listening and self.epoch == unread_since and key not in self._recent
             while True:
-                event.clear()  # before the read: an outcome landing during it wakes the wait
-                row = await read()
+                if not skip:
+                    event.clear()  # before the read: an outcome landing during it wakes us
+                    row = await read()
+                    remaining = deadline - time.monotonic()
+                    if settled(row) or remaining <= 0 or (gone is not None and await gone()):
+                        return row
+                skip = False
                 remaining = deadline - time.monotonic()
-                if settled(row) or remaining <= 0 or (gone is not None and await gone()):
-                    return row
                 timeout = remaining if self.listening else min(self.fallback_poll, remaining)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout)
 
+    def mark(self) -> int | None:
+        """Before making a call: what ``wait_for(unread_since=...)`` compares (None: read)."""
+        self._start()
+        return self.epoch if self.listening else None
+
     def wake(self, ids: Iterable[str]) -> None:
         """Wake whoever waits on these ids (a NOTIFY payload, or an in-process hand-off)."""
         for key in ids:
+            self._recent[key] = None
             for event in self._waiters.get(key, ()):
                 event.set()
+        while len(self._recent) > RECENT_IDS:
+            del self._recent[next(iter(self._recent))]
 
     def waiting(self, invocation_id: UUID | None = None) -> bool:
         """Whether someone waits on this call (None: on any call) now."""
@@ -135,6 +160,7 @@ class Outcomes:
             try:
                 async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {DONE_CHANNEL}")
+                    self.epoch += 1
                     self.listening = True
                     delay = RECONNECT_MIN
                     self._wake_all()  # whatever landed while nobody listened
@@ -147,6 +173,7 @@ class Outcomes:
                 )
             finally:
                 self.listening = False
+                self.epoch += 1  # a mark taken before this drop no longer holds
                 self._wake_all()  # they poll now
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX)

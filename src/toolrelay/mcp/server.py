@@ -410,6 +410,7 @@ class _Handlers:
         row = next((r for r in rows if r["key"] == params.name), None)
         if row is None:  # unassigned, denied, disabled or unknown: all look the same
             raise unknown_tool(params.name)
+        mark = self.outcomes.mark()  # before the call: its first read may be skipped
         try:
             invocation_id = await _run(registry.invoke, agent, params.name, arguments)
         except (NotAssigned, NotFound):
@@ -419,7 +420,7 @@ class _Handlers:
         started = time.monotonic()
         try:
             invocation = await self._wait(
-                registry, agent, invocation_id, self.settings.wait_seconds
+                registry, agent, invocation_id, self.settings.wait_seconds, mark
             )
         except ToolrelayError as exc:  # the call is recorded; say how to find it again
             return error_result(
@@ -440,13 +441,22 @@ class _Handlers:
             return error_result(exc.code, exc.message)
         return status_result(invocation, time.monotonic() - started)
 
-    async def _wait(self, registry: Registry, agent: str, invocation_id: UUID, wait: float) -> Row:
-        """The invocation once finished, waiting for a human, or when ``wait`` s have passed."""
+    async def _wait(
+        self,
+        registry: Registry,
+        agent: str,
+        invocation_id: UUID,
+        wait: float,
+        mark: int | None = None,
+    ) -> Row:
+        """The invocation once finished, waiting for a human, or when ``wait`` s have passed.
+        ``mark``: taken before this agent made the call (see Outcomes.wait_for)."""
         return await self.outcomes.wait_for(
             invocation_id,
             partial(_run, registry.get_invocation, invocation_id, agent=agent),
             lambda row: row["status"] in FINISHED or row["status"] == "pending",
             wait,
+            unread_since=mark,
         )
 
 

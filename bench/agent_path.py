@@ -1,0 +1,361 @@
+"""The agent's path: from MCP ``tools/call`` (or API invoke + ``?wait``) to its answer.
+
+``python -m bench.agent_path [--quick] [--src DIR]``, loopback only, bounded (about a minute;
+``--src``: serve another copy of src/, e.g. an older commit's, for a baseline in the same run).
+
+It starts a fresh database (on DATABASE_URL's server, else an embedded one), the echo
+upstream (bench/upstream.py), and the app as ``toolrelay serve`` builds it, with its
+in-process worker, in a child process (``python -m bench.agent_path serve``: the same
+``create_app`` and h11 protocol, with the per-token rate limit raised, since 20/s per token
+would cap 16 sessions at 320 calls/s). The tool is setup.py's: ungated (read_only), POST
+with an api_key credential. Then for each door (the official MCP SDK client over
+streamable HTTP; the API with aiohttp):
+
+- c=1: ``CALLS`` calls one after another (after a warm-up) -> p50 / p99 in ms;
+- ``SESSIONS`` sessions, each with its own agent and token, for ``SECONDS`` s -> calls/s,
+  spread over ``CLIENT_PROCESSES`` client processes (so the client is not the bottleneck);
+- CPU per call: the serve process's and its database's backends' (pg_stat_activity for
+  this database; walwriter and other shared processes are not counted), from /proc.
+
+Prints a table and writes bench/out/agent-path.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.constants import OUT_DIR, TOOL_KEY
+from bench.procs import CLOCK_TICKS, Child, loadavg, python_module
+from bench.setup import create_database, drop_database, provision, server_admin_url
+from bench.upstream import UpstreamProcess
+from toolrelay.registry import Registry
+from toolrelay.tokens import TokenStore
+
+CALLS, WARMUP, SESSIONS, SECONDS, CLIENT_PROCESSES = 300, 30, 16, 20.0, 4
+Sizes = tuple[int, int, int, float, int]  # calls, warm-up, sessions, seconds, processes
+QUICK: Sizes = (50, 10, 16, 3.0, 4)
+WAIT_S = 10  # ?wait and the MCP bound: far above any answer here
+START_LEAD_S = 3.0  # seconds the client processes get to open their sessions
+GOALS = {"p50_ms": 5.0, "p99_ms": 20.0, "calls_per_s": 1000.0, "cpu_ms_per_call": 1.5}
+OUT_PATH = OUT_DIR / "agent-path.json"
+Call = Callable[[int], Awaitable[None]]
+
+
+# --- the server child ----------------------------------------------------------------------
+
+
+def serve(port: int) -> None:
+    """What `toolrelay serve` runs, with the rate limit raised (see the module docstring)."""
+    import uvicorn
+
+    from toolrelay import logs
+    from toolrelay.api import ApiSettings, create_app
+    from toolrelay.api.server import ConnectionLimits, protocol_class
+    from toolrelay.credentials import Keyring
+    from toolrelay.dispatch.egress import EgressPolicy
+    from toolrelay.dispatch.worker import WorkerSettings
+
+    logs.configure("INFO")  # serve's default: one access line per request
+    settings = ApiSettings(
+        database_url=os.environ["DATABASE_URL"],
+        keyring=Keyring.parse(os.environ["TOOLRELAY_MASTER_KEY"]),
+        egress=EgressPolicy.from_env(),
+        worker=WorkerSettings(concurrency=64, lease_seconds=30.0),
+        rate_per_second=1e6,
+        rate_burst=1_000_000,
+    )
+    uvicorn.run(
+        create_app(settings), host="127.0.0.1", port=port, log_config=None,
+        http=protocol_class(ConnectionLimits()), server_header=False, log_level="warning",
+    )  # fmt: skip
+
+
+# --- the doors -----------------------------------------------------------------------------
+
+
+async def with_session(
+    door: str, base: str, token: str, body: Callable[[Call], Awaitable[Any]]
+) -> Any:
+    """Open one agent session on ``door`` and give ``body`` its one-call function."""
+    if door == "mcp":
+        import httpx2
+        from mcp.client.client import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60.0)
+        async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http)) as mcp:
+
+            async def mcp_call(n: int) -> None:
+                result = await mcp.call_tool(TOOL_KEY, {"n": n})
+                if result.is_error:
+                    raise RuntimeError(f"tools/call failed: {result.content}")
+
+            return await body(mcp_call)
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(base, headers=headers) as api:
+
+        async def api_call(n: int) -> None:
+            body_ = {"tool": TOOL_KEY, "input": {"n": n}}
+            async with api.post("/v1/agent/invocations", json=body_) as resp:
+                inv = await resp.json()
+            if inv.get("status") != "completed":
+                path = f"/v1/agent/invocations/{inv['id']}"
+                async with api.get(path, params={"wait": str(WAIT_S)}) as resp:
+                    inv = await resp.json()
+            if inv.get("status") != "completed":
+                raise RuntimeError(f"invocation not completed: {inv}")
+
+        return await body(api_call)
+
+
+async def sequential(door: str, base: str, token: str, calls: int, warmup: int) -> list[float]:
+    async def body(call: Call) -> list[float]:
+        for n in range(warmup):
+            await call(n)
+        times = []
+        for n in range(calls):
+            started = time.perf_counter()
+            await call(n)
+            times.append((time.perf_counter() - started) * 1000)
+        return times
+
+    result: list[float] = await with_session(door, base, token, body)
+    return result
+
+
+def sessions_in_process(
+    door: str, base: str, tokens: list[str], start: float, seconds: float
+) -> int:
+    """One client process: its sessions call back to back in [start, start + seconds)."""
+
+    async def one(token: str) -> int:
+        async def body(call: Call) -> int:
+            await call(0)  # opened and warm before the window
+            await asyncio.sleep(max(0.0, start - time.time()))
+            done = 0
+            while time.time() < start + seconds:
+                await call(done)
+                done += 1
+            return done
+
+        count: int = await with_session(door, base, token, body)
+        return count
+
+    async def run() -> int:
+        return sum(await asyncio.gather(*(one(t) for t in tokens)))
+
+    return asyncio.run(run())
+
+
+# --- measuring -----------------------------------------------------------------------------
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        except (OSError, IndexError):
+            continue
+    return total
+
+
+class Cpu:
+    """The serve process's and this database's backends' CPU seconds, read from /proc."""
+
+    def __init__(self, admin_url: str, dbname: str, serve_pid: int) -> None:
+        self.admin_url, self.dbname, self.serve_pid = admin_url, dbname, serve_pid
+
+    def backends(self) -> list[int]:
+        with psycopg.connect(self.admin_url) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.dbname,)
+            ).fetchall()
+        return [row[0] for row in rows]
+
+    def sample(self) -> tuple[float, dict[int, float]]:
+        return cpu_seconds([self.serve_pid]), {p: cpu_seconds([p]) for p in self.backends()}
+
+    @staticmethod
+    def used(
+        before: tuple[float, dict[int, float]], after: tuple[float, dict[int, float]]
+    ) -> tuple[float, float]:
+        """(serve, postgres) seconds between two samples; only backends present in both."""
+        pg = sum(v - before[1][p] for p, v in after[1].items() if p in before[1])
+        return after[0] - before[0], pg
+
+
+def phase(door: str, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes) -> dict[str, Any]:
+    calls, warmup, sessions, seconds, processes = sizes
+    before = cpu.sample()
+    times = asyncio.run(sequential(door, base, tokens[0], calls, warmup))
+    serve_s, pg_s = Cpu.used(before, cpu.sample())
+    seq = {
+        "p50_ms": statistics.median(times),
+        "p99_ms": statistics.quantiles(times, n=100)[98],
+        "max_ms": max(times),
+        "cpu_ms_per_call": {
+            "serve": serve_s / (calls + warmup) * 1000,
+            "postgres": pg_s / (calls + warmup) * 1000,
+        },
+    }
+    start = time.time() + START_LEAD_S
+    groups = [tokens[1:][i::processes] for i in range(processes)]
+    with ProcessPoolExecutor(processes) as pool:
+        futures = [pool.submit(sessions_in_process, door, base, g, start, seconds) for g in groups]
+        time.sleep(max(0.0, start - time.time()))
+        before = cpu.sample()
+        time.sleep(seconds)
+        after = cpu.sample()
+        done = sum(f.result() for f in futures)
+    serve_s, pg_s = Cpu.used(before, after)
+    wide = {
+        "sessions": sessions,
+        "calls": done,
+        "calls_per_s": done / seconds,
+        "cpu_ms_per_call": {
+            "serve": serve_s / max(done, 1) * 1000,
+            "postgres": pg_s / max(done, 1) * 1000,
+        },
+    }
+    return {"c1": seq, "wide": wide}
+
+
+def verdicts(result: dict[str, Any]) -> dict[str, bool]:
+    c1, wide = result["c1"], result["wide"]
+    cpu = sum(wide["cpu_ms_per_call"].values())
+    return {
+        "p50_ms": c1["p50_ms"] <= GOALS["p50_ms"],
+        "p99_ms": c1["p99_ms"] <= GOALS["p99_ms"],
+        "calls_per_s": wide["calls_per_s"] >= GOALS["calls_per_s"],
+        "cpu_ms_per_call": cpu <= GOALS["cpu_ms_per_call"],
+    }
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(f"{'door':5} {'p50 ms':>8} {'p99 ms':>8} {'c=1 cpu ms/call (serve+pg)':>27}"
+          f" {'16 sessions calls/s':>20} {'cpu ms/call (serve+pg)':>23}")  # fmt: skip
+    for door, r in results["doors"].items():
+        c1, wide = r["c1"], r["wide"]
+        c1cpu, wcpu = c1["cpu_ms_per_call"], wide["cpu_ms_per_call"]
+        print(
+            f"{door:5} {c1['p50_ms']:8.2f} {c1['p99_ms']:8.2f}"
+            f" {c1cpu['serve']:13.2f} + {c1cpu['postgres']:.2f}"
+            f" {wide['calls_per_s']:20.0f} {wcpu['serve']:12.2f} + {wcpu['postgres']:.2f}"
+        )
+        met = ", ".join(f"{k} {'met' if ok else 'MISSED'}" for k, ok in r["goals"].items())
+        print(f"      goals: {met}")
+    print(f"load average before / after: {results['load_before']} / {results['load_after']}")
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(base: str, child: Child) -> None:
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise RuntimeError(f"serve exited: {child.tail()}")
+        try:
+            with urllib.request.urlopen(f"{base}/healthz", timeout=2.0) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"serve did not become healthy: {child.tail()}")
+
+
+def agent_tokens(url: str, owner: Any, agent_id: Any, count: int) -> list[str]:
+    """One token for the first agent (c=1), then one agent and token per session."""
+    from toolrelay.db import Database
+
+    db = Database(url)
+    registry, tokens = Registry(db, owner), TokenStore(db)
+    made = [tokens.create(owner, agent_id, name="c1")[1]]
+    for i in range(count):
+        agent = registry.create_agent(f"session-{i}")
+        registry.assign(f"session-{i}", TOOL_KEY)
+        made.append(tokens.create(owner, agent, name=f"session-{i}")[1])
+    return made
+
+
+def main(quick: bool, src: str | None = None) -> dict[str, Any]:
+    sizes: Sizes = QUICK if quick else (CALLS, WARMUP, SESSIONS, SECONDS, CLIENT_PROCESSES)
+    scratch = Path(tempfile.mkdtemp(prefix="toolrelay-agent-path-"))
+    scratch.chmod(0o755)  # an embedded server runs as its own user
+    admin_url, pg_source, stop_server = server_admin_url(scratch)
+    url = create_database(admin_url, "agentpath")
+    upstream = server = None
+    try:
+        upstream = UpstreamProcess(dict(os.environ), scratch / "upstream.log")
+        fx = provision(url, upstream.url)
+        tokens = agent_tokens(url, fx.owner, fx.agent_id, sizes[2])
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLRELAY_")} | {
+            "DATABASE_URL": url, "TOOLRELAY_MASTER_KEY": fx.master_key,
+            "TOOLRELAY_EGRESS_ALLOW": "127.0.0.1", "TOOLRELAY_HOME": str(scratch),
+        }  # fmt: skip
+        if src:  # the serve child imports toolrelay from there
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+        argv = python_module("bench.agent_path", "serve", str(port))
+        server = Child("serve", argv, env, scratch / "serve.log")
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(base, server)
+        cpu = Cpu(admin_url, str(psycopg.conninfo.conninfo_to_dict(url)["dbname"]), server.pid)
+        results: dict[str, Any] = {
+            "load_before": loadavg(), "postgres": pg_source, "sizes": sizes, "src": src or "src/"
+        }  # fmt: skip
+        results["doors"] = {door: phase(door, base, tokens, cpu, sizes) for door in ("mcp", "api")}
+        for r in results["doors"].values():
+            r["goals"] = verdicts(r)
+        results["load_after"] = loadavg()
+        results["goals"] = GOALS
+        return results
+    finally:
+        if server is not None:
+            server.stop()
+        if upstream is not None:
+            upstream.child.kill()
+        drop_database(admin_url, url)
+        stop_server()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        serve(int(sys.argv[2]))
+    else:
+        args = sys.argv[1:]
+        source = args[args.index("--src") + 1] if "--src" in args else None
+        out = main("--quick" in args, source)
+        print_table(out)
+        path = OUT_PATH if source is None else OUT_PATH.with_name("agent-path-baseline.json")
+        OUT_DIR.mkdir(exist_ok=True)
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {path}")
