@@ -13,6 +13,7 @@ from toolrelay.api.auth import agent_caller
 from toolrelay.api.context import ApiContext, get_context
 from toolrelay.api.paths import Wait, wait_for_invocation
 from toolrelay.db.connect import Row
+from toolrelay.export.names import key_for, may_be_exported
 from toolrelay.registry import Registry
 from toolrelay.tokens import Caller
 
@@ -38,6 +39,14 @@ def _tool(row: Row) -> s.AgentTool:
     )
 
 
+def _tool_key(registry: Registry, agent: str, name: str) -> str:
+    """The key an exported function name (``gh__…``, shortened) stands for; a key as it is.
+    Only a name that can differ from its key costs the lookup of the agent's tools."""
+    if not may_be_exported(name):
+        return name
+    return key_for(name, (row["key"] for row in registry.agent_tools(agent))) or name
+
+
 @router.get("/tools", summary="The tools this agent may call now (assigned, allowed, active)")
 def tools(context: Ctx, caller: Agent) -> s.AgentToolList:
     rows = context.registry(caller).agent_tools(_me(caller))
@@ -51,7 +60,8 @@ def tools(context: Ctx, caller: Agent) -> s.AgentToolList:
 )
 def invoke(body: s.InvokeIn, context: Ctx, caller: Agent, response: Response) -> s.InvocationOut:
     registry = context.registry(caller)
-    invocation_id = registry.invoke(_me(caller), body.tool, body.input, body.run_id)
+    tool = _tool_key(registry, _me(caller), body.tool)
+    invocation_id = registry.invoke(_me(caller), tool, body.input, body.run_id)
     response.headers["Location"] = f"/v1/agent/invocations/{invocation_id}"
     return s.InvocationOut.model_validate(registry.get_invocation(invocation_id, agent=_me(caller)))
 

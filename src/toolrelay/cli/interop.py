@@ -1,4 +1,5 @@
-"""`toolrelay export openai` and `toolrelay import openapi` (docs/interop.md)."""
+"""`toolrelay export openai|openai-responses|anthropic|gemini` and `toolrelay import openapi`
+(docs/interop.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import yaml
 
 from toolrelay.cli.context import database, err_console, fail, owner_id
 from toolrelay.errors import ConfigurationError, InvalidArgument, ToolrelayError
-from toolrelay.export.openai import openai_tools
 from toolrelay.export.openapi import load_openapi, tools_from_openapi
+from toolrelay.export.targets import export_tools
 from toolrelay.registry import Registry
 
 export_app = typer.Typer(help="Export tools for other agent frameworks.", no_args_is_help=True)
@@ -28,19 +29,59 @@ def _note(text: str) -> None:
     err_console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
-@export_app.command("openai")
-def export_openai(
-    agent: str = typer.Option(..., "--agent", help="The agent (name or id) whose tools to export."),
-) -> None:
-    """Print the agent's tools as OpenAI function-calling definitions (JSON, '.' → '__')."""
+AgentOption = typer.Option(..., "--agent", help="The agent (name or id) whose tools to export.")
+StrictOption = typer.Option(
+    False, "--strict", help="OpenAI Structured Outputs' strict subset (openai targets only)."
+)
+MappingOption = typer.Option(
+    None, "--mapping", help="Also write the function name → tool key table here (JSON)."
+)
+
+
+def _export(target: str, agent: str, strict: bool, mapping: Path | None) -> None:
     try:
-        rows = _registry().agent_tools(agent)
-        tools = openai_tools(rows)
+        result = export_tools(_registry().agent_tools(agent), target, strict=strict)
+        if mapping is not None:
+            text = json.dumps(result.names, indent=2, ensure_ascii=False)
+            try:
+                mapping.write_text(text + "\n", encoding="utf-8")
+            except OSError as exc:
+                raise InvalidArgument(f"--mapping {mapping}: {exc.strerror}") from None
     except ToolrelayError as exc:
         raise fail(exc) from None
     except psycopg.Error as exc:
         raise fail(database_error(exc)) from None
-    typer.echo(json.dumps(tools, indent=2, ensure_ascii=False))
+    for line in result.warnings:
+        _note(f"warning: {line}")
+    typer.echo(json.dumps(result.tools, indent=2, ensure_ascii=False))
+
+
+@export_app.command("openai")
+def export_openai(
+    agent: str = AgentOption, strict: bool = StrictOption, mapping: Path | None = MappingOption
+) -> None:
+    """Print the agent's tools as OpenAI Chat Completions tools (JSON, '.' → '__')."""
+    _export("openai", agent, strict, mapping)
+
+
+@export_app.command("openai-responses")
+def export_openai_responses(
+    agent: str = AgentOption, strict: bool = StrictOption, mapping: Path | None = MappingOption
+) -> None:
+    """Print the agent's tools as OpenAI Responses API function tools (the flat shape)."""
+    _export("openai-responses", agent, strict, mapping)
+
+
+@export_app.command("anthropic")
+def export_anthropic(agent: str = AgentOption, mapping: Path | None = MappingOption) -> None:
+    """Print the agent's tools as Anthropic tools ({name, description, input_schema})."""
+    _export("anthropic", agent, False, mapping)
+
+
+@export_app.command("gemini")
+def export_gemini(agent: str = AgentOption, mapping: Path | None = MappingOption) -> None:
+    """Print the agent's tools as Gemini function declarations."""
+    _export("gemini", agent, False, mapping)
 
 
 @import_app.command("openapi")

@@ -49,6 +49,7 @@ from toolrelay.errors import (
     PermissionDenied,
     ToolrelayError,
 )
+from toolrelay.export.names import key_for
 from toolrelay.mcp.limits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, WAIT_ENV
 from toolrelay.registry import Registry
 from toolrelay.registry.validation import validator
@@ -407,12 +408,13 @@ class _Handlers:
         if params.name == STATUS_TOOL:
             return await self._status(registry, agent, arguments)
         rows = await _protocol_error(registry.agent_tools, agent)
-        row = next((r for r in rows if r["key"] == params.name), None)
+        name = key_for(params.name, (r["key"] for r in rows)) or params.name  # an exported name
+        row = next((r for r in rows if r["key"] == name), None)
         if row is None:  # unassigned, denied, disabled or unknown: all look the same
             raise unknown_tool(params.name)
         mark = self.outcomes.mark()  # before the call: its first read may be skipped
         try:
-            invocation_id = await _run(registry.invoke, agent, params.name, arguments)
+            invocation_id = await _run(registry.invoke, agent, name, arguments)
         except (NotAssigned, NotFound):
             raise unknown_tool(params.name) from None
         except ToolrelayError as exc:  # invalid_input, tool_inactive, no_endpoint, ...
