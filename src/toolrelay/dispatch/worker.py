@@ -18,7 +18,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -118,6 +118,9 @@ class Worker:
         self.inflight: dict[UUID, asyncio.Task[None]] = {}
         self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
         self.recording: set[UUID] = set()
+        # In `serve`, the app's Outcomes.wake: its waiters wake as soon as `finish` commits,
+        # without waiting for the NOTIFY (still sent, for every other process).
+        self.on_outcomes: Callable[[Iterable[str]], None] | None = None
         # Claim in batches: while work is in flight, wait until a quarter of the slots are
         # free rather than paying one claim round trip per finished call.
         self._min_claim = max(1, min(CLAIM_BATCH, settings.concurrency) // 4)
@@ -360,6 +363,9 @@ class Worker:
 
     async def _flush_results(self, items: Sequence[tuple[Row, Row]]) -> list[UUID | None]:
         written = await self.store.finish([r for r, _ in items], [a for _, a in items])
+        if self.on_outcomes is not None:
+            told = (r["id"] for r, _ in items if r["status"] != "running")
+            self.on_outcomes(i for i in told if UUID(i) in written)
         return [UUID(r["id"]) if UUID(r["id"]) in written else None for r, _ in items]
 
     # --- what it says about itself --------------------------------------------------------
