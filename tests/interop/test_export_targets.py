@@ -83,8 +83,10 @@ def bot(owner: Owner) -> uuid.UUID:
     register(owner, "gh.issues.list_for_repo", schema_input=ISSUES_INPUT)
     register(owner, "hooks.deliver", schema_input=FREE_FORM_INPUT)
     register(owner, "docs.long", description="d" * 1500)
+    register(owner, "1password.items.get")  # Gemini: a name must not start with a digit
     agent_id = owner.registry.create_agent("bot")
-    for key in [*LONG_KEYS, "gh.issues.list_for_repo", "hooks.deliver", "docs.long"]:
+    for key in [*LONG_KEYS, "gh.issues.list_for_repo", "hooks.deliver", "docs.long",
+                "1password.items.get"]:  # fmt: skip
         owner.registry.assign("bot", key)
     return agent_id
 
@@ -137,7 +139,7 @@ def test_cli_prints_the_renames_and_writes_the_mapping(
     table = json.loads(mapping.read_text())
     assert [t["function"]["name"] for t in tools] == list(table)
     assert sorted(table.values()) == sorted([*LONG_KEYS, "docs.long", "gh.issues.list_for_repo",
-                                             "hooks.deliver"])  # fmt: skip
+                                             "hooks.deliver", "1password.items.get"])  # fmt: skip
     assert table["gh__issues__list_for_repo"] == "gh.issues.list_for_repo"
     for key in LONG_KEYS:
         assert f"warning: tool {key}: exported as {exported_name(key)}" in stderr
@@ -154,7 +156,7 @@ def test_each_target_validates_with_the_vendors_sdk_types(
     owner: Owner, bot: uuid.UUID, target: str
 ) -> None:
     tools, _ = export(owner, target)
-    assert len(tools) == 7
+    assert len(tools) == 8
     for tool in tools:
         if target == "openai":
             shape(tool, ChatCompletionToolParam)
@@ -174,6 +176,7 @@ def test_each_target_validates_with_the_vendors_sdk_types(
         else:
             declaration = genai.FunctionDeclaration.model_validate(tool)  # extra="forbid"
             assert declaration.name == tool["name"] and declaration.parameters_json_schema
+            assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}", tool["name"])  # its rule
             schema = tool["parametersJsonSchema"]
         assert schema["type"] == "object"
         Draft202012Validator.check_schema(schema)
@@ -187,8 +190,23 @@ def test_long_descriptions_are_shortened_with_a_warning(owner: Owner, bot: uuid.
 
 
 def test_strict_is_only_for_the_openai_targets(owner: Owner, bot: uuid.UUID) -> None:
-    result = owner.cli("export", "anthropic", "--agent", "bot", "--strict")
-    assert result.exit_code != 0 and result.stdout == ""
+    for target in ("anthropic", "gemini"):
+        result = owner.cli("export", target, "--agent", "bot", "--strict")
+        assert result.exit_code == 1 and result.stdout == ""
+        assert (
+            result.stderr == f"error: --strict is OpenAI's Structured Outputs: not for {target}\n"
+        )
+
+
+def test_gemini_names_start_with_a_letter_or_underscore(
+    owner: Owner, bot: uuid.UUID, tmp_path: Path
+) -> None:
+    mapping = tmp_path / "names.json"
+    tools, _ = export(owner, "gemini", "--mapping", str(mapping))
+    assert "_1password__items__get" in [t["name"] for t in tools]
+    assert json.loads(mapping.read_text())["_1password__items__get"] == "1password.items.get"
+    openai, _ = export(owner, "openai")
+    assert "1password__items__get" in [t["function"]["name"] for t in openai]  # SPEC as is
 
 
 # --- strict ------------------------------------------------------------------------------------
@@ -262,7 +280,7 @@ def test_strict_output_keeps_the_strict_rules_and_the_sdk_types(
     functions = [t["function"] if target == "openai" else t for t in tools]
     strict = {f["name"]: f for f in functions if f["strict"] is True}
     assert set(strict) == {exported_name(k) for k in LONG_KEYS} | {
-        "gh__issues__list_for_repo", "docs__long"
+        "gh__issues__list_for_repo", "docs__long", "1password__items__get"
     }  # fmt: skip
     for function in strict.values():
         assert strict_violations(function["parameters"]) == [], function["name"]
@@ -329,6 +347,8 @@ def test_api_invoke_with_an_exported_name_reaches_the_tool(agent_http: httpx.Cli
         )
         assert response.status_code == 202, response.text
         assert response.json()["tool_key"] == key
+    gemini = agent_http.post("/v1/agent/invocations", json={"tool": "_1password__items__get"})
+    assert gemini.status_code == 202 and gemini.json()["tool_key"] == "1password.items.get"
     by_key = agent_http.post("/v1/agent/invocations", json={"tool": LONG_KEYS[0],
                                                             "input": {"owner": "o"}})  # fmt: skip
     assert by_key.status_code == 202 and by_key.json()["tool_key"] == LONG_KEYS[0]

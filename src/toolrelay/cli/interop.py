@@ -73,15 +73,19 @@ def export_openai_responses(
 
 
 @export_app.command("anthropic")
-def export_anthropic(agent: str = AgentOption, mapping: Path | None = MappingOption) -> None:
+def export_anthropic(
+    agent: str = AgentOption, strict: bool = StrictOption, mapping: Path | None = MappingOption
+) -> None:
     """Print the agent's tools as Anthropic tools ({name, description, input_schema})."""
-    _export("anthropic", agent, False, mapping)
+    _export("anthropic", agent, strict, mapping)  # --strict refused: it is OpenAI's
 
 
 @export_app.command("gemini")
-def export_gemini(agent: str = AgentOption, mapping: Path | None = MappingOption) -> None:
+def export_gemini(
+    agent: str = AgentOption, strict: bool = StrictOption, mapping: Path | None = MappingOption
+) -> None:
     """Print the agent's tools as Gemini function declarations."""
-    _export("gemini", agent, False, mapping)
+    _export("gemini", agent, strict, mapping)  # --strict refused: it is OpenAI's
 
 
 @import_app.command("openapi")

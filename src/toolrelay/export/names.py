@@ -15,7 +15,14 @@ from typing import Final
 
 from toolrelay.errors import InvalidArgument
 
-__all__ = ["MAX_NAME", "exported_name", "exported_names", "key_for", "may_be_exported"]
+__all__ = [
+    "MAX_NAME",
+    "exported_name",
+    "exported_names",
+    "gemini_name",
+    "key_for",
+    "may_be_exported",
+]
 
 MAX_NAME: Final = 64  # characters, OpenAI's, Anthropic's and Gemini's limit
 HASH_CHARS: Final = 10  # hex digits of sha256(key): 40 bits, collisions are still checked
@@ -46,10 +53,18 @@ def exported_names(keys: Iterable[str]) -> dict[str, str]:
     return names
 
 
+def gemini_name(key: str) -> str:
+    """Gemini's names start with a letter or ``_``: a key starting with a digit gets ``_``
+    before its name (keys never start with ``_``, so this cannot clash)."""
+    name = exported_name(key)
+    return f"_{name}" if name[0].isdigit() else name
+
+
 def may_be_exported(name: str) -> bool:
     """Whether ``name`` can be an exported name that differs from its key: a mapped key
-    holds ``__`` and a shortened one is 64 characters; one with a dot is a key."""
-    return "." not in name and ("__" in name or len(name) == MAX_NAME)
+    holds ``__``, a shortened one is 64 characters, Gemini's may start with ``_``; one with
+    a dot is a key."""
+    return "." not in name and ("__" in name or len(name) == MAX_NAME or name[:1] == "_")
 
 
 def key_for(name: str, keys: Iterable[str]) -> str | None:
@@ -58,4 +73,4 @@ def key_for(name: str, keys: Iterable[str]) -> str | None:
     keys = list(keys)
     if name in keys:
         return name
-    return next((key for key in keys if exported_name(key) == name), None)
+    return next((key for key in keys if name in (exported_name(key), gemini_name(key))), None)

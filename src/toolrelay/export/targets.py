@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from toolrelay.errors import InvalidArgument
-from toolrelay.export.names import exported_names
+from toolrelay.export.names import MAX_NAME, exported_names, gemini_name
 from toolrelay.export.strict import NotStrict, strict_schema
 
 __all__ = ["MAX_DESCRIPTION", "TARGETS", "Export", "export_tools"]
@@ -28,8 +28,8 @@ class Export:
 
     @property
     def shortened(self) -> dict[str, str]:
-        """The names that are not the key with ``.`` → ``__`` (over 64 characters)."""
-        return {n: k for n, k in self.names.items() if n != k.replace(".", "__")}
+        """The names shortened for being over 64 characters."""
+        return {n: k for n, k in self.names.items() if len(k.replace(".", "__")) > MAX_NAME}
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,8 @@ def export_tools(
         raise InvalidArgument(f"--strict is OpenAI's Structured Outputs: not for {target}")
     rows = list(rows)
     names = exported_names(row["key"] for row in rows)
+    if target == "gemini":  # a name starting with a digit gets a "_" first
+        names = {gemini_name(key): key for key in names.values()}
     result = Export([], names)
     for name, row in zip(names, rows, strict=True):
         tool = _tool(name, row, strict, result.warnings)
