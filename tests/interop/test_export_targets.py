@@ -26,6 +26,7 @@ from tests.api.conftest import api, keyring  # noqa: F401  (the real app on loop
 from tests.interop.conftest import Owner
 from tests.mcp.conftest import http_client
 from toolrelay.export.names import exported_name, exported_names, key_for, may_be_exported
+from toolrelay.export.strict import from_strict_call
 from toolrelay.registry import ToolSpec
 from toolrelay.tokens import TokenStore
 
@@ -320,6 +321,7 @@ def test_strict_conversion_is_faithful(owner: Owner, bot: uuid.UUID) -> None:
     dropped = {k: v for k, v in sent.items() if v is not None or k == "milestone"}
     dropped["author"] = {"login": "a"}
     dropped["team"] = {"slug": "t"}
+    assert from_strict_call(ISSUES_INPUT, sent) == dropped  # null = left out, unless allowed
     Draft202012Validator(ISSUES_INPUT).validate(dropped)
 
 

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["NotStrict", "strict_schema"]
+__all__ = ["NotStrict", "from_strict_call", "strict_schema"]
 
 # Kept as they are (OpenAI "Supported schemas"); ``format`` only for these values.
 KEPT: Final = frozenset(
@@ -174,3 +174,44 @@ def _note(keyword: str, value: Any) -> str:
     if len(text) > NOTE_CHARS:
         text = text[: NOTE_CHARS - 1] + "…"
     return f"{keyword}: {text}"
+
+
+def from_strict_call(schema: Mapping[str, Any] | None, value: Any) -> Any:
+    """A strict call's input as the tool's own schema takes it: a ``null`` the conversion
+    added (an optional member the schema does not let be null) is dropped, as left out.
+    Members under ``anyOf``/``oneOf`` are left as they are (which branch is unknown)."""
+    root = schema or {}
+    defs = root.get("$defs") or root.get("definitions") or {}
+    return _from_strict(root, value, defs, 0)
+
+
+def _from_strict(schema: Any, value: Any, defs: Mapping[str, Any], depth: int) -> Any:
+    while isinstance(schema, Mapping) and "$ref" in schema and depth <= MAX_DEPTH:
+        name = str(schema["$ref"]).rsplit("/", 1)[-1]
+        schema, depth = defs.get(name), depth + 1
+    if not isinstance(schema, Mapping) or depth > MAX_DEPTH:
+        return value
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        return {
+            name: _from_strict(properties.get(name), member, defs, depth + 1)
+            for name, member in value.items()
+            if not (
+                member is None
+                and name in properties
+                and name not in required
+                and not _allows_null(_resolved(properties[name], defs))
+            )
+        }
+    if isinstance(value, list) and "items" in schema:
+        return [_from_strict(schema["items"], item, defs, depth + 1) for item in value]
+    return value
+
+
+def _resolved(schema: Any, defs: Mapping[str, Any]) -> Any:
+    for _ in range(MAX_DEPTH):
+        if not (isinstance(schema, Mapping) and "$ref" in schema):
+            break
+        schema = defs.get(str(schema["$ref"]).rsplit("/", 1)[-1])
+    return schema
