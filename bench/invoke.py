@@ -1,11 +1,14 @@
 """Invoke cost: how many invocations per second the owner's side can record.
 
-Three variants, each INVOKE_THREADS threads for a fixed time:
-- ``Registry.invoke``: the shipped path (lookups, jsonschema validation, fn_invoke_tool),
-  each thread with its own Registry. Database opens a new connection per transaction.
-- ``fn_invoke_tool`` SQL: one persistent connection per thread, no Python validation.
-- ``Registry.invoke, pooled`` (an experiment, not shipped): the same Registry over a
-  Database whose as_owner borrows from a psycopg connection pool instead of connecting.
+Each variant runs N threads for a fixed time, every thread on its own connection:
+- ``Registry.invoke``: the shipped path (BEGIN; identity and lookup pipelined; jsonschema
+  validation; fn_invoke_tool; COMMIT: four round trips), each thread its own Registry.
+- ``4 statements (before)``: the path Registry.invoke took until 2026-12-01 (identity,
+  agent, tool, fn_invoke_tool, each its own round trip, plus BEGIN and COMMIT).
+- ``fn_invoke_tool``: one autocommit statement per call, no Python validation, from 8 and
+  from 32 connections: whether anything serializes all invokers.
+Each runs with every call notifying (as shipped), with NOTIFY to sleeping workers only
+(migration 0016's protocol on, no worker asleep) and with the trigger disabled.
 """
 
 from __future__ import annotations
@@ -13,26 +16,27 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from bench.constants import AGENT_NAME, INVOKE_THREADS, TOOL_KEY
 from bench.context import Context
 from bench.latency import IDENTITY_SQL, INVOKE_SQL, percentiles
-from bench.setup import Fixture, clear_invocations
+from bench.setup import Fixture, admin, clear_invocations
 from toolrelay.db import Database
-from toolrelay.db.connect import _SET_IDENTITY, OWNER_ROLE, Row
+from toolrelay.db.connect import OWNER_ROLE
 from toolrelay.registry import Registry
+from toolrelay.registry.validation import validate_input
 
 MS = 1000.0
+WIDE_THREADS = 32  # connections of the widest fn_invoke_tool variant
+INVOKE_SQL4 = "SELECT fn_invoke_tool(%s, %s, %s, %s) AS id"
+NOTIFY_TRIGGER = "tool_invocations_notify"
 
 
 @dataclass
@@ -50,39 +54,21 @@ class InvokeResult:
         return asdict(self)
 
 
-class PooledDatabase(Database):
-    """Experiment: as_owner on pooled connections (identity stays transaction-local)."""
-
-    def __init__(self, url: str, size: int) -> None:
-        super().__init__(url)
-        self.pool: ConnectionPool[psycopg.Connection[Row]] = ConnectionPool(
-            url, min_size=size, max_size=size, kwargs={"row_factory": dict_row}, open=True
-        )
-        self.pool.wait()
-
-    @contextmanager
-    def as_owner(
-        self, owner: UUID | str, agent_id: UUID | str | None = None
-    ) -> Iterator[psycopg.Connection[Row]]:
-        claims: dict[str, str] = {"sub": str(owner), "role": OWNER_ROLE}
-        if agent_id is not None:
-            claims["agent_id"] = str(agent_id)
-        with self.pool.connection() as conn, conn.transaction():
-            conn.execute(_SET_IDENTITY, (OWNER_ROLE, str(owner), json.dumps(claims)))
-            yield conn
-
-
 Call = Callable[[int], None]
 Close = Callable[[], None]
 
 
 def _hammer(
-    ctx: Context, name: str, make_call: Callable[[], tuple[Call, Close]], seconds: float
+    ctx: Context,
+    name: str,
+    make_call: Callable[[], tuple[Call, Close]],
+    seconds: float,
+    threads_n: int = INVOKE_THREADS,
 ) -> InvokeResult:
-    calls = [0] * INVOKE_THREADS
-    errors = [0] * INVOKE_THREADS
-    latencies: list[list[float]] = [[] for _ in range(INVOKE_THREADS)]
-    start = threading.Barrier(INVOKE_THREADS + 1)
+    calls = [0] * threads_n
+    errors = [0] * threads_n
+    latencies: list[list[float]] = [[] for _ in range(threads_n)]
+    start = threading.Barrier(threads_n + 1)
     stop_at = [0.0]
 
     def thread(index: int) -> None:
@@ -100,7 +86,7 @@ def _hammer(
             k += 1
         close()
 
-    threads = [threading.Thread(target=thread, args=(i,)) for i in range(INVOKE_THREADS)]
+    threads = [threading.Thread(target=thread, args=(i,)) for i in range(threads_n)]
     for t in threads:
         t.start()
     ctx.running = []
@@ -115,7 +101,7 @@ def _hammer(
     total = sum(calls)
     return InvokeResult(
         variant=name,
-        threads=INVOKE_THREADS,
+        threads=threads_n,
         seconds=round(elapsed, 3),
         calls=total,
         per_s=round(total / elapsed, 1),
@@ -134,6 +120,23 @@ def _registry_call(db: Database, owner: UUID) -> tuple[Call, Close]:
     return call, lambda: None
 
 
+def _before_call(db: Database, owner: UUID) -> tuple[Call, Close]:
+    """Registry.invoke as it was: every lookup its own round trip."""
+
+    def call(k: int) -> None:
+        payload = {"n": k}
+        with db.as_owner(owner) as conn:
+            agent = conn.execute("SELECT * FROM agents.agents WHERE name = %s", (AGENT_NAME,))
+            agent_id = agent.fetchone()["id"]  # type: ignore[index]
+            tool = conn.execute("SELECT * FROM agents.tools_registry WHERE key = %s", (TOOL_KEY,))
+            tool_row = tool.fetchone()
+            assert tool_row is not None
+            validate_input(tool_row["schema_input"], payload)
+            conn.execute(INVOKE_SQL4, (agent_id, tool_row["id"], Jsonb(payload), None)).fetchone()
+
+    return call, lambda: None
+
+
 def _sql_call(fx: Fixture) -> tuple[Call, Close]:
     conn = psycopg.connect(fx.url, autocommit=True)
     claims = json.dumps({"sub": str(fx.owner), "role": OWNER_ROLE})
@@ -145,28 +148,38 @@ def _sql_call(fx: Fixture) -> tuple[Call, Close]:
     return call, conn.close
 
 
-def run(ctx: Context, seconds: float, experiment: bool = True) -> list[InvokeResult]:
+# How calls notify: as shipped (every call), to sleeping workers only (0016's protocol on,
+# no worker asleep: what a busy fleet sees), and not at all (the trigger disabled).
+NOTIFY_MODES = ("", ", sleepers only", ", no NOTIFY")
+
+
+def _set_notify(url: str, mode: str) -> None:
+    with admin(url) as conn:
+        verb = "DISABLE" if mode == ", no NOTIFY" else "ENABLE"
+        conn.execute(f"ALTER TABLE agents.tool_invocations {verb} TRIGGER {NOTIFY_TRIGGER}")
+        only = mode == ", sleepers only"
+        conn.execute("UPDATE agents.dispatch_wake SET sleepers_only = %s", (only,))
+        conn.execute("DELETE FROM agents.dispatch_sleepers")
+
+
+def run(ctx: Context, seconds: float) -> list[InvokeResult]:
     fx = ctx.fx
+    db = Database(fx.url, pool_size=INVOKE_THREADS)
+    variants: list[tuple[str, Callable[[], tuple[Call, Close]], int]] = [
+        ("Registry.invoke", lambda: _registry_call(db, fx.owner), INVOKE_THREADS),
+        ("fn_invoke_tool", lambda: _sql_call(fx), INVOKE_THREADS),
+        ("fn_invoke_tool", lambda: _sql_call(fx), WIDE_THREADS),
+    ]
+    before = ("4 statements (before)", lambda: _before_call(db, fx.owner), INVOKE_THREADS)
     results = []
-    clear_invocations(fx.url)
-    results.append(
-        _hammer(ctx, "Registry.invoke", lambda: _registry_call(Database(fx.url), fx.owner), seconds)
-    )
-    clear_invocations(fx.url)
-    results.append(_hammer(ctx, "fn_invoke_tool (SQL only)", lambda: _sql_call(fx), seconds))
-    if experiment:
-        clear_invocations(fx.url)
-        pooled = PooledDatabase(fx.url, INVOKE_THREADS)
-        try:
-            results.append(
-                _hammer(
-                    ctx,
-                    "Registry.invoke, pooled (experiment)",
-                    lambda: _registry_call(pooled, fx.owner),
-                    seconds,
-                )
-            )
-        finally:
-            pooled.pool.close()
+    try:
+        for mode in NOTIFY_MODES:
+            _set_notify(fx.url, mode)
+            for name, make, threads_n in variants + ([before] if mode == "" else []):
+                clear_invocations(fx.url)
+                results.append(_hammer(ctx, name + mode, make, seconds, threads_n))
+    finally:
+        _set_notify(fx.url, "")
+        db.close()
     clear_invocations(fx.url)
     return results

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
@@ -19,6 +19,7 @@ from toolrelay.db.embedded import embedded_url
 from toolrelay.db.errors import check_url
 
 Row = dict[str, Any]
+Query = tuple[str, Mapping[str, Any]]  # SQL and its named parameters
 
 OWNER_ROLE = "authenticated"
 DISPATCHER_ROLE = "service_role"
@@ -93,19 +94,21 @@ class Database:
             return self._pool
 
     @contextmanager
-    def _transaction(self, role: str, sub: str, claims: str) -> Iterator[psycopg.Connection[Row]]:
-        # A pooled connection may have died (a database restart): the first statement
+    def _transaction(
+        self, role: str, sub: str, claims: str, first: Query | None = None
+    ) -> Iterator[tuple[psycopg.Connection[Row], Row | None]]:
+        # A pooled connection may have died (a database restart): the first round trip
         # tells, before anything was done, so one retry on a fresh connection is safe.
         for attempt in range(2):
             try:
                 with self._connection() as conn:
                     try:
-                        conn.execute(_SET_IDENTITY, (role, sub, claims))
+                        row = _begin(conn, (role, sub, claims), first)
                     except psycopg.OperationalError:
                         if attempt:
                             raise
                         raise _Broken() from None
-                    yield conn  # the pool commits on success, rolls back on error
+                    yield conn, row  # the pool commits on success, rolls back on error
                     return
             except _Broken:
                 continue
@@ -143,11 +146,36 @@ class Database:
         claims: dict[str, str] = {"sub": str(owner), "role": OWNER_ROLE}
         if agent_id is not None:
             claims["agent_id"] = str(agent_id)
-        with self._transaction(OWNER_ROLE, str(owner), json.dumps(claims)) as conn:
+        with self._transaction(OWNER_ROLE, str(owner), json.dumps(claims)) as (conn, _):
             yield conn
+
+    @contextmanager
+    def as_owner_reading(
+        self, owner: UUID | str, agent_id: UUID | str | None, first: Query
+    ) -> Iterator[tuple[psycopg.Connection[Row], Row | None]]:
+        """``as_owner`` whose first read (its first row) comes back in the same round trip
+        as BEGIN and the identity: a pipeline, so still no server-side prepared statement."""
+        claims: dict[str, str] = {"sub": str(owner), "role": OWNER_ROLE}
+        if agent_id is not None:
+            claims["agent_id"] = str(agent_id)
+        with self._transaction(OWNER_ROLE, str(owner), json.dumps(claims), first) as pair:
+            yield pair
 
     @contextmanager
     def as_dispatcher(self) -> Iterator[psycopg.Connection[Row]]:
         """A transaction run as role ``service_role``, the only one that reads ciphertext."""
-        with self._transaction(DISPATCHER_ROLE, "", "") as conn:
+        with self._transaction(DISPATCHER_ROLE, "", "") as (conn, _):
             yield conn
+
+
+def _begin(
+    conn: psycopg.Connection[Row], identity: tuple[str, str, str], first: Query | None
+) -> Row | None:
+    """Set the identity (BEGIN goes with it) and, when given, run a first read with it."""
+    if first is None:
+        conn.execute(_SET_IDENTITY, identity)
+        return None
+    with conn.pipeline():
+        conn.execute(_SET_IDENTITY, identity)
+        cur = conn.execute(*first)
+    return cur.fetchone()

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
-from toolrelay.db.connect import Row
+from toolrelay.db.connect import Query, Row
 from toolrelay.dispatch.executor import build_request
 from toolrelay.dispatch.executor import request_digest as rendered_digest
 from toolrelay.errors import (
@@ -265,21 +265,6 @@ class Registry:
                 (agent_id,),
             ).fetchall()
 
-    def _find_assigned_tool(
-        self, conn: psycopg.Connection[Row], agent_id: UUID, key_or_id: str
-    ) -> Row:
-        """The tool if assigned to the agent (allowed or not); whether it exists stays hidden."""
-        ident = _as_uuid(key_or_id)
-        row = conn.execute(
-            "SELECT t.* FROM agents.tools_registry t"
-            " JOIN agents.tool_assignments s ON s.tool_id = t.id AND s.agent_id = %(agent)s"
-            " WHERE (t.id = %(id)s OR (%(id)s::uuid IS NULL AND t.key = %(key)s))",
-            {"agent": agent_id, "id": ident, "key": key_or_id},
-        ).fetchone()
-        if row is None:
-            raise NotAssigned(f"tool {key_or_id} is not assigned to this agent")
-        return row
-
     def list_assignments(self) -> list[Row]:
         with self._tx() as conn:
             return conn.execute(
@@ -302,19 +287,28 @@ class Registry:
             kind = type(input).__name__
             raise InvalidInput(f"input must be a JSON object, got {kind}")
         payload = dict(input or {})
-        with self._tx() as conn:
-            agent_id = self._find_agent(conn, agent)["id"]
-            if self.agent_id is None:
-                tool_row = self._find_tool(conn, tool)
-            else:
-                tool_row = self._find_assigned_tool(conn, agent_id, tool)
-            validate_input(tool_row["schema_input"], payload)
-            row = conn.execute(
-                "SELECT fn_invoke_tool(%s, %s, %s, %s) AS id",
-                (agent_id, tool_row["id"], Jsonb(payload), run_id),
-            ).fetchone()
-            assert row is not None
-            return UUID(str(row["id"]))
+        assigned = self.agent_id is not None
+        try:
+            # Four round trips (six before): BEGIN; identity and lookup; insert; COMMIT.
+            with self.db.as_owner_reading(
+                self.owner, self.agent_id, _invoke_lookup(agent, tool, assigned)
+            ) as (conn, found):
+                assert found is not None  # one row, whatever matched
+                if found["agent_id"] is None:
+                    raise NotFound(f"agent {agent} not found")
+                if found["tool_id"] is None:
+                    if assigned:
+                        raise NotAssigned(f"tool {tool} is not assigned to this agent")
+                    raise NotFound(f"tool {tool} not found")
+                validate_input(found["schema_input"], payload)
+                row = conn.execute(
+                    "SELECT fn_invoke_tool(%s, %s, %s, %s) AS id",
+                    (found["agent_id"], found["tool_id"], Jsonb(payload), run_id),
+                ).fetchone()
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+        assert row is not None
+        return UUID(str(row["id"]))
 
     def approve(self, invocation_id: UUID | str, request_digest: str | None = None) -> str | None:
         """Approve the request the call renders now, bound by its digest (SPEC §3).
@@ -467,6 +461,23 @@ def _find(
     if row is None:
         raise NotFound(f"{what} {value} not found")
     return row
+
+
+def _invoke_lookup(agent: str, tool: str, assigned: bool) -> Query:
+    """agents.invoke_target (migration 0016): by uuid when the text is one, else by name/key."""
+    agent_id, tool_id = _as_uuid(agent), _as_uuid(tool)
+    sql = (
+        "SELECT found_agent AS agent_id, found_tool AS tool_id, found_schema AS schema_input"
+        " FROM agents.invoke_target(%(agent_id)s, %(agent)s, %(tool_id)s, %(tool)s, %(assigned)s)"
+    )
+    params = {
+        "agent_id": agent_id,
+        "agent": None if agent_id else agent,
+        "tool_id": tool_id,
+        "tool": None if tool_id else tool,
+        "assigned": assigned,
+    }
+    return sql, params
 
 
 def _as_uuid(value: str) -> UUID | None:
