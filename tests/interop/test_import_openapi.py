@@ -220,13 +220,13 @@ def broken_documents(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any], str
 
 
 @pytest.mark.parametrize("case", range(6))
-def test_a_broken_document_gives_one_error_and_writes_nothing(
+def test_with_strict_a_broken_document_gives_one_error_and_writes_nothing(
     case: int, owner: Owner, tmp_path: Path
 ) -> None:
     doc = yaml.safe_load(PETSTORE.read_text())
     what, broken, message = broken_documents(doc)[case]
     path = write(tmp_path, broken, "api.json")
-    result = owner.cli("import", "openapi", str(path))
+    result = owner.cli("import", "openapi", str(path), "--strict")
     assert result.exit_code == 1, what
     assert result.stdout == "", what
     (line,) = result.stderr.splitlines()

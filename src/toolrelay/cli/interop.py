@@ -98,13 +98,18 @@ def import_openapi(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the tools as a `tool apply` file; write nothing."
     ),
+    strict: bool = typer.Option(
+        False, "--strict", help="Refuse the whole document when one operation is broken."
+    ),
 ) -> None:
     """Create or update (by key) one tool per operation, all in one transaction."""
     try:
         credential_ref = _credential(credential)
         doc = load_openapi(file)
         try:
-            plan = tools_from_openapi(doc, credential_ref=credential_ref, key_prefix=prefix)
+            plan = tools_from_openapi(
+                doc, credential_ref=credential_ref, key_prefix=prefix, strict=strict
+            )
         except InvalidArgument as exc:
             raise InvalidArgument(f"{file}: {exc.message}") from None
         for line in plan.skipped:

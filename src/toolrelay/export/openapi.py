@@ -21,9 +21,11 @@ Each operation becomes one tool (docs/interop.md has the full mapping):
   HTTP bearer (``Authorization``, prefix ``Bearer ``), or OAuth 2 / OpenID Connect (auth
   method ``oauth``, bearer too); an empty requirement means none.
 
-A document that is broken (not OpenAPI 3.x, a ``$ref`` that does not resolve, no absolute
-server URL, two operations with the same key, ...) is refused as a whole with one error.
-Operations toolrelay cannot express (a non-JSON body, a cookie parameter, an array in the
+A document that is not OpenAPI 3.x, or has no importable operation, is refused with one error.
+An operation that is broken (a ``$ref`` that does not resolve, no absolute server URL, a key
+another operation has, two parameters that become one input member, a ``#`` in its path, ...)
+is skipped with the reason, or refuses the whole document with ``strict``. Operations
+toolrelay cannot express (a non-JSON body, a cookie parameter, an array in the
 query, HEAD/OPTIONS/TRACE, a security scheme it cannot place) are skipped, each with the
 reason, and optional parameters it cannot express are dropped with a warning.
 """
@@ -34,14 +36,15 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 from uuid import UUID
-
-import yaml
 
 from toolrelay.dispatch.template import validate_template
 from toolrelay.errors import InvalidArgument, TemplateError
+from toolrelay.export.openapi_load import MAX_REF_DEPTH, load_openapi, pointer_token
+from toolrelay.export.openapi_load import deref as _deref
+from toolrelay.export.openapi_load import pointer as _pointer
 from toolrelay.registry.models import ToolSpec
 from toolrelay.registry.validation import check_json_schema
 
@@ -54,7 +57,8 @@ IDENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 IGNORED_HEADERS: Final = frozenset({"accept", "content-type", "authorization"})
 FORBIDDEN_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "connection"})
 BODY_MEMBER: Final = "body"
-MAX_REF_DEPTH: Final = 64
+MAX_REASONS_SHOWN: Final = 5  # in the error for a document with nothing importable
+HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
 
 # JSON Schema keywords whose value is a schema, a list of schemas, or a map of schemas.
 _SCHEMA_KEYS: Final = frozenset(
@@ -93,31 +97,19 @@ class _Skip(Exception):
     """This operation cannot be expressed as a tool; the message says why."""
 
 
-def load_openapi(path: Path) -> dict[str, Any]:
-    """Read a YAML or JSON OpenAPI 3.x document; one clear error when it is not one."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"{path}: cannot read: {exc}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InvalidArgument(f"{path}: not valid YAML or JSON{where}: {problem}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgument(f"{path}: not an OpenAPI document (expected a mapping at the top)")
-    return doc
-
-
 def tools_from_openapi(
     doc: Mapping[str, Any],
     *,
     credential_ref: UUID | None = None,
     key_prefix: str = "",
+    strict: bool = False,
 ) -> ImportPlan:
-    """The tools an OpenAPI 3.x document describes; raises InvalidArgument if it is broken."""
+    """The tools an OpenAPI 3.x document describes; raises InvalidArgument if it is broken.
+
+    An operation that cannot be mapped (a ``$ref`` that does not resolve, a name clash, a
+    schema that is not valid, ...) is skipped with the reason, unless ``strict``: then the
+    whole document is refused. A document with no importable operation is always refused.
+    """
     version = doc.get("openapi")
     if "swagger" in doc:
         raise InvalidArgument("Swagger 2.0 is not supported: convert the document to OpenAPI 3")
@@ -132,49 +124,29 @@ def tools_from_openapi(
     for path, method, where in importer.operations(paths):
         try:
             spec, warnings = importer.tool(path, method)
+            if spec.key in seen:
+                raise InvalidArgument(f"{where}: tool key {spec.key!r} is also {seen[spec.key]}'s")
+            _check(spec, where)
         except _Skip as exc:
             plan.skipped.append(f"{where}: {exc}")
             continue
-        if spec.key in seen:
-            raise InvalidArgument(f"{where}: tool key {spec.key!r} is also {seen[spec.key]}'s")
+        except InvalidArgument as exc:
+            if strict:
+                raise
+            plan.skipped.append(exc.message)  # it starts with where
+            continue
         seen[spec.key] = where
-        _check(spec, where)
         plan.tools.append(spec)
         plan.warnings.extend(f"{where}: {w}" for w in warnings)
     if not plan.tools:
-        reasons = "; ".join(plan.skipped) or "no operations"
+        shown = plan.skipped[:MAX_REASONS_SHOWN]
+        more = len(plan.skipped) - len(shown)
+        reasons = "; ".join(shown) + (f"; and {more} more" if more else "") or "no operations"
         raise InvalidArgument(f"the document has no operation toolrelay can import ({reasons})")
     return plan
 
 
 # --- references and schemas ---------------------------------------------------------------
-
-
-def _pointer(doc: Mapping[str, Any], ref: str) -> Any:
-    if not ref.startswith("#/"):
-        raise InvalidArgument(f"$ref {ref!r}: only local references ('#/...') are supported")
-    node: Any = doc
-    for raw in ref[2:].split("/"):
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise InvalidArgument(f"$ref {ref!r} does not resolve")
-    return node
-
-
-def _deref(doc: Mapping[str, Any], node: Any) -> Any:
-    """Follow ``$ref`` chains (parameters, bodies, responses, schemes, schemas)."""
-    seen: list[str] = []
-    while isinstance(node, Mapping) and isinstance(node.get("$ref"), str):
-        ref = node["$ref"]
-        if ref in seen or len(seen) > MAX_REF_DEPTH:
-            raise InvalidArgument(f"$ref {ref!r} refers to itself")
-        seen.append(ref)
-        node = _pointer(doc, ref)
-    return node
 
 
 class _Schemas:
@@ -196,12 +168,11 @@ class _Schemas:
         ref = schema.get("$ref")
         if isinstance(ref, str):
             if ref.startswith(self.PREFIX):
-                name = ref[len(self.PREFIX) :].replace("~1", "/").replace("~0", "~")
+                name = pointer_token(ref[len(self.PREFIX) :])
                 if name not in self.defs:
                     self.defs[name] = True  # a placeholder while converting: cycles end here
                     self.defs[name] = self.convert(_pointer(self.doc, ref), depth + 1)
-                escaped = name.replace("~", "~0").replace("/", "~1")
-                return {"$ref": f"#/$defs/{escaped}"}
+                return {"$ref": _defs_ref(name)}
             return self.convert(_deref(self.doc, schema), depth + 1)
         out: dict[str, Any] = {}
         for key, value in schema.items():
@@ -250,7 +221,7 @@ class _Schemas:
         if isinstance(schema, dict) and set(schema) == {"$ref"}:
             ref = schema["$ref"]
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                name = ref[len("#/$defs/") :].replace("~1", "/").replace("~0", "~")
+                name = pointer_token(ref[len("#/$defs/") :])
                 target = self.defs.get(name)
                 if isinstance(target, dict):
                     return dict(target)
@@ -270,12 +241,17 @@ class _Schemas:
         return schema
 
 
+def _defs_ref(name: str) -> str:
+    """The ``$ref`` to a ``$defs`` entry: a JSON Pointer in a URI fragment, so escaped twice."""
+    return "#/$defs/" + quote(name.replace("~", "~0").replace("/", "~1"), safe="~!$&'()*+,;=:@")
+
+
 def _refs(node: Any) -> Iterator[str]:
     """The names of the ``#/$defs/...`` entries a converted schema refers to."""
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            yield ref[len("#/$defs/") :].replace("~1", "/").replace("~0", "~")
+            yield pointer_token(ref[len("#/$defs/") :])
         for value in node.values():
             yield from _refs(value)
     elif isinstance(node, list):
@@ -358,31 +334,39 @@ class _Importer:
         self.prefix = prefix
 
     def operations(self, paths: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
-        for path, item in paths.items():
-            if not isinstance(path, str) or not path.startswith("/"):
-                raise InvalidArgument(f"paths: {path!r} does not start with '/'")
-            item = _deref(self.doc, item)
-            if not isinstance(item, Mapping):
-                raise InvalidArgument(f"paths.{path}: must be an object")
-            for method in (*METHODS, *UNSUPPORTED_METHODS):
-                if method in item:
-                    yield path, method, f"{method.upper()} {path}"
-
-    def _item(self, path: str) -> Mapping[str, Any]:
-        item: Mapping[str, Any] = _deref(self.doc, self.doc["paths"][path])
-        return item
+        """(path, method, where) per operation; method is "" for a path item that is not
+        usable at all, which tool() then refuses (so it is skipped like any operation)."""
+        for path, raw in paths.items():
+            try:
+                item = _deref(self.doc, raw)
+            except InvalidArgument:
+                item = None
+            if not isinstance(path, str) or not isinstance(item, Mapping):
+                yield str(path), "", f"paths.{path}"
+                continue
+            found = [m for m in (*METHODS, *UNSUPPORTED_METHODS) if m in item]
+            for method in found:
+                yield path, method, f"{method.upper()} {path}"
 
     def tool(self, path: str, method: str) -> tuple[ToolSpec, list[str]]:
-        where = f"{method.upper()} {path}"
-        item = self._item(path)
-        op = _deref(self.doc, item[method])
-        if not isinstance(op, Mapping):
-            raise InvalidArgument(f"{where}: the operation must be an object")
-        if method in UNSUPPORTED_METHODS:
-            raise _Skip(
-                f"toolrelay sends GET, POST, PUT, PATCH and DELETE only, not {method.upper()}"
-            )
+        where = f"{method.upper()} {path}" if method else f"paths.{path}"
         try:
+            if not method:
+                raise InvalidArgument("a path item must be an object under a '/...' key")
+            item = _deref(self.doc, self.doc["paths"][path])
+            if not path.startswith("/"):
+                raise InvalidArgument(f"the path {path!r} does not start with '/'")
+            if "#" in path or "?" in path:
+                raise InvalidArgument(
+                    "the path has a '#' or '?', which cannot be part of a URL path"
+                )
+            op = _deref(self.doc, item[method])
+            if not isinstance(op, Mapping):
+                raise InvalidArgument("the operation must be an object")
+            if method in UNSUPPORTED_METHODS:
+                raise _Skip(
+                    f"toolrelay sends GET, POST, PUT, PATCH and DELETE only, not {method.upper()}"
+                )
             return self._tool(path, method, item, op)
         except InvalidArgument as exc:
             raise InvalidArgument(f"{where}: {exc.message}") from None
@@ -580,6 +564,8 @@ class _Importer:
         """Why a parameter cannot be sent by a request template, or None when it can."""
         if where == "cookie":
             return "is a cookie (toolrelay does not send cookies)"
+        if where == "header" and not HEADER_NAME.fullmatch(name):
+            return "is not a valid HTTP header name"
         if where in ("query", "header") and _structured(_deref(self.doc, raw)):
             return f"is an array or object (a {where} value must be a string, number or boolean)"
         if where == "header" and name.lower() in FORBIDDEN_HEADERS:
