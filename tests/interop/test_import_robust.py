@@ -15,7 +15,7 @@ import yaml
 from tests.interop.conftest import Owner
 from tests.interop.test_import_openapi import PETSTORE, broken_documents, write
 from toolrelay.errors import InvalidArgument
-from toolrelay.export.openapi import tools_from_openapi
+from toolrelay.export.openapi import load_openapi, tools_from_openapi
 
 
 def ok(operation_id: str, **more: Any) -> dict[str, Any]:
@@ -135,3 +135,50 @@ def test_without_strict_the_cli_imports_the_rest_of_a_petstore_with_one_broken_o
     assert len(skipped) == 1 and skipped[0].startswith("skipped "), (what, result.stderr)
     assert owner.registry.list_tools(), what
     assert json.loads(path.read_text()) == broken
+
+
+# --- JSON as JSON, YAML with libyaml ----------------------------------------------------------
+
+
+def sendgrid_like() -> dict[str, Any]:
+    """Valid JSON with a C1 control character in a string, which YAML refuses (#x009f)."""
+    doc = api({})
+    doc["paths"]["/good"]["get"]["description"] = "Stats \x9f per day\u2028and more"
+    return doc
+
+
+@pytest.mark.parametrize("name", ["sendgrid.json", "sendgrid.txt"])
+def test_json_is_parsed_as_json(name: str, tmp_path: Path) -> None:
+    """A ``.json`` file, or any file whose text starts with ``{``."""
+    path = tmp_path / name
+    path.write_text("\ufeff" + json.dumps(sendgrid_like(), ensure_ascii=False), encoding="utf-8")
+    doc = load_openapi(path)
+    assert doc == sendgrid_like()
+    (spec,) = tools_from_openapi(doc).tools
+    assert spec.description == "Stats \x9f per day\u2028and more"
+
+
+def test_broken_json_says_json_and_a_yaml_flow_mapping_still_loads(tmp_path: Path) -> None:
+    broken = tmp_path / "api.json"
+    broken.write_text('{"openapi": "3.0.3",\n  "paths": }')
+    with pytest.raises(InvalidArgument, match=r"api.json: not valid JSON at line 2, column 12: "):
+        load_openapi(broken)
+    flow = tmp_path / "api.yaml"
+    flow.write_text("{openapi: 3.0.3, paths: {}}")
+    assert load_openapi(flow) == {"openapi": "3.0.3", "paths": {}}
+
+
+def test_yaml_is_read_with_the_c_loader_when_pyyaml_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaders: list[Any] = []
+    real = yaml.load
+
+    def spy(stream: str, Loader: Any) -> Any:  # yaml.load's parameter name
+        loaders.append(Loader)
+        return real(stream, Loader=Loader)
+
+    monkeypatch.setattr(yaml, "load", spy)
+    path = write(tmp_path, api({}))
+    assert load_openapi(path)["openapi"] == "3.0.3"
+    assert loaders == [getattr(yaml, "CSafeLoader", yaml.SafeLoader)]
