@@ -8,12 +8,15 @@ import copy
 import json
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 import yaml
 
 from tests.interop.conftest import Owner
 from tests.interop.test_import_openapi import PETSTORE, broken_documents, write
+from toolrelay.credentials import CredentialStore, Keyring
+from toolrelay.db import Database
 from toolrelay.errors import InvalidArgument
 from toolrelay.export.openapi import load_openapi, tools_from_openapi
 
@@ -182,3 +185,132 @@ def test_yaml_is_read_with_the_c_loader_when_pyyaml_has_it(
     path = write(tmp_path, api({}))
     assert load_openapi(path)["openapi"] == "3.0.3"
     assert loaders == [getattr(yaml, "CSafeLoader", yaml.SafeLoader)]
+
+
+# --- --server, --auth, a credential's kind ----------------------------------------------------
+
+
+def test_server_is_the_base_when_the_document_has_none_or_a_relative_one() -> None:
+    bare = api({})
+    del bare["servers"]
+    with pytest.raises(InvalidArgument, match=r"no servers: .*\(--server\)"):
+        tools_from_openapi(bare)
+    (spec,) = tools_from_openapi(bare, server="http://127.0.0.1:8080/").tools
+    assert spec.endpoint_url == "http://127.0.0.1:8080/good"
+    relative = api({}, servers=[{"url": "/v1"}])
+    with pytest.raises(InvalidArgument, match="not an absolute http.s. URL; .* or give --server"):
+        tools_from_openapi(relative)
+    (spec,) = tools_from_openapi(relative, server="https://staging.example.com/x").tools
+    assert spec.endpoint_url == "https://staging.example.com/v1/good"
+    (spec,) = tools_from_openapi(api({}), server="https://other.example.com").tools
+    assert spec.endpoint_url == "https://api.example.com/good"  # an absolute one is kept
+    with pytest.raises(InvalidArgument, match="--server 'localhost' is not an absolute"):
+        tools_from_openapi(bare, server="localhost")
+
+
+@pytest.mark.parametrize(
+    ("auth", "placed"),
+    [
+        ("bearer", ("api_key", "header", "Authorization", "Bearer ")),
+        ("oauth", ("oauth", "header", "Authorization", "Bearer ")),
+        ("header:X-Api-Key", ("api_key", "header", "X-Api-Key", "")),
+        ("query:access_token", ("api_key", "query", "access_token", "")),
+    ],
+)
+def test_auth_states_the_scheme_when_the_document_declares_none(
+    auth: str, placed: tuple[str, ...]
+) -> None:
+    """GitHub's document declares no security: --auth says how the credential goes."""
+    ref = UUID(int=7)
+    (spec,) = tools_from_openapi(api({}), auth=auth, credential_ref=ref).tools
+    assert (
+        spec.auth_method,
+        spec.auth_placement,
+        spec.auth_param_name,
+        spec.auth_param_prefix,
+    ) == (placed)
+    assert spec.credential_ref == ref
+
+
+def test_auth_does_not_override_declared_security_and_a_bad_one_is_refused() -> None:
+    doc = api({"/open": {"get": ok("open", security=[])}})
+    plan = tools_from_openapi(doc, auth="bearer")
+    assert {s.key: s.auth_method for s in plan.tools} == {"good": "api_key", "open": "none"}
+    with pytest.raises(InvalidArgument, match="--auth 'basic': expected bearer, oauth, header:"):
+        tools_from_openapi(doc, auth="basic")
+
+
+def test_a_credential_no_tool_uses_is_a_warning() -> None:
+    plan = tools_from_openapi(api({}), credential_ref=UUID(int=7))
+    assert plan.tools[0].credential_ref is None
+    assert plan.warnings == [
+        "--credential is used by no tool: no operation declares a security scheme it fits"
+        " (state one with --auth when the document declares none)"
+    ]
+
+
+def mixed_petstore(port: str) -> dict[str, Any]:
+    """Petstore's security: some operations accept OAuth 2 or an API key, some OAuth 2 only."""
+    oauth = {"petstore_auth": ["write:pets"]}
+    return api({
+        "/pet/{petId}": {"get": ok("getPetById", security=[oauth, {"api_key": []}],
+                                   parameters=[string("petId", "path")])},
+        "/pet": {"post": ok("addPet", security=[oauth])},
+    }, servers=[{"url": f"http://127.0.0.1:{port}/v3"}], security=[oauth], components={
+        "securitySchemes": {
+            "api_key": {"type": "apiKey", "in": "header", "name": "api_key"},
+            "petstore_auth": {"type": "oauth2", "flows": {"implicit": {
+                "authorizationUrl": "https://petstore.example.com/oauth/authorize",
+                "scopes": {"write:pets": "modify pets"},
+            }}},
+        },
+    })  # fmt: skip
+
+
+def test_a_credential_gets_the_scheme_its_kind_fits(
+    owner: Owner, db: Database, interop_keyring: Keyring, tmp_path: Path
+) -> None:
+    store = CredentialStore(db, interop_keyring)
+    cred = store.add(owner.id, "api_key", "petstore", "pk-1", ["127.0.0.1"])
+    path = write(tmp_path, mixed_petstore("8080"), "petstore.json")
+    result = owner.cli("import", "openapi", str(path), "--credential", str(cred))
+    assert result.exit_code == 0, result.output
+    assert (
+        "warning: POST /pet: its security needs an oauth credential and --credential is api_key:"
+        " imported without a credential"
+    ) in result.stderr.splitlines()
+    tools = {row["key"]: row for row in owner.registry.list_tools()}
+    get_pet = tools["getPetById"]
+    assert (get_pet["auth_method"], get_pet["auth_param_name"]) == ("api_key", "api_key")
+    assert get_pet["credential_ref"] == cred
+    assert (tools["addPet"]["auth_method"], tools["addPet"]["credential_ref"]) == ("oauth", None)
+
+
+def test_cli_server_and_auth(
+    owner: Owner, db: Database, interop_keyring: Keyring, tmp_path: Path
+) -> None:
+    """Our own /openapi.json has no servers and declares no security: --server and --auth."""
+    store = CredentialStore(db, interop_keyring)
+    cred = store.add(owner.id, "api_key", "self", "tr-1", ["127.0.0.1"])
+    doc = api({})
+    del doc["servers"]
+    path = write(tmp_path, doc, "openapi.json")
+    result = owner.cli(
+        "import", "openapi", str(path), "--credential", str(cred),
+        "--server", "http://127.0.0.1:8080", "--auth", "bearer",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (row,) = owner.registry.list_tools()
+    assert row["endpoint_url"] == "http://127.0.0.1:8080/good"
+    assert (row["auth_method"], row["auth_param_prefix"], row["credential_ref"]) == (
+        "api_key", "Bearer ", cred,
+    )  # fmt: skip
+
+
+def test_an_http_bearer_scheme_takes_an_oauth_credential() -> None:
+    doc = api({}, security=[{"token": []}])
+    doc["components"] = {"securitySchemes": {"token": {"type": "http", "scheme": "bearer"}}}
+    (spec,) = tools_from_openapi(doc, credential_ref=UUID(int=7), credential_kind="oauth").tools
+    assert (spec.auth_method, spec.auth_param_prefix, spec.credential_ref) == (
+        "oauth", "Bearer ", UUID(int=7),
+    )  # fmt: skip

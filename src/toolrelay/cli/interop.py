@@ -12,8 +12,10 @@ import typer
 import yaml
 
 from toolrelay.cli.context import database, err_console, fail, owner_id
-from toolrelay.errors import ConfigurationError, InvalidArgument, ToolrelayError
+from toolrelay.credentials import CredentialStore
+from toolrelay.errors import ConfigurationError, InvalidArgument, NotFound, ToolrelayError
 from toolrelay.export.openapi import load_openapi, tools_from_openapi
+from toolrelay.export.openapi_auth import AUTH_SCHEMES
 from toolrelay.export.targets import export_tools
 from toolrelay.registry import Registry
 
@@ -101,6 +103,14 @@ def import_openapi(
     strict: bool = typer.Option(
         False, "--strict", help="Refuse the whole document when one operation is broken."
     ),
+    server: str | None = typer.Option(
+        None, "--server", help="Base URL when the document has no server or a relative one."
+    ),
+    auth: str | None = typer.Option(
+        None,
+        "--auth",
+        help=f"How to send the credential when the document declares no security: {AUTH_SCHEMES}.",
+    ),
 ) -> None:
     """Create or update (by key) one tool per operation, all in one transaction."""
     try:
@@ -108,7 +118,13 @@ def import_openapi(
         doc = load_openapi(file)
         try:
             plan = tools_from_openapi(
-                doc, credential_ref=credential_ref, key_prefix=prefix, strict=strict
+                doc,
+                credential_ref=credential_ref,
+                key_prefix=prefix,
+                strict=strict,
+                server=server,
+                auth=auth,
+                credential_kind=_credential_kind(credential_ref),
             )
         except InvalidArgument as exc:
             raise InvalidArgument(f"{file}: {exc.message}") from None
@@ -137,6 +153,17 @@ def database_error(exc: psycopg.Error) -> ToolrelayError:
     """A database that cannot be reached, in one line."""
     first = (str(exc).strip().splitlines() or ["unknown error"])[0]
     return ConfigurationError(f"cannot reach the database: {first}")
+
+
+def _credential_kind(credential_ref: UUID | None) -> str | None:
+    """The credential's kind, so each operation gets a scheme it fits; None when it is not
+    found (registering then refuses it, naming the tool)."""
+    if credential_ref is None:
+        return None
+    try:
+        return CredentialStore(database()).get(owner_id(), credential_ref).kind
+    except NotFound:
+        return None
 
 
 def _credential(value: str | None) -> UUID | None:

@@ -19,7 +19,9 @@ Each operation becomes one tool (docs/interop.md has the full mapping):
   else ``read_only``.
 - security: the first requirement toolrelay can place: an apiKey in a header or the query,
   HTTP bearer (``Authorization``, prefix ``Bearer ``), or OAuth 2 / OpenID Connect (auth
-  method ``oauth``, bearer too); an empty requirement means none.
+  method ``oauth``, bearer too); an empty requirement means none. With a credential's kind,
+  the first scheme that kind fits; ``auth`` (``--auth``) where the document declares none
+  (openapi_auth.py). ``server`` (``--server``): the base where servers are absent or relative.
 
 A document that is not OpenAPI 3.x, or has no importable operation, is refused with one error.
 An operation that is broken (a ``$ref`` that does not resolve, no absolute server URL, a key
@@ -37,18 +39,21 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
-from urllib.parse import quote
+from urllib.parse import quote, urljoin
 from uuid import UUID
 
 from toolrelay.dispatch.template import validate_template
 from toolrelay.errors import InvalidArgument, TemplateError
+from toolrelay.export.openapi_auth import Auth as _Auth
+from toolrelay.export.openapi_auth import fitting, parse_auth
+from toolrelay.export.openapi_auth import placeable as _placeable
 from toolrelay.export.openapi_load import MAX_REF_DEPTH, load_openapi, pointer_token
 from toolrelay.export.openapi_load import deref as _deref
 from toolrelay.export.openapi_load import pointer as _pointer
 from toolrelay.registry.models import ToolSpec
 from toolrelay.registry.validation import check_json_schema
 
-__all__ = ["ImportPlan", "load_openapi", "tools_from_openapi"]
+__all__ = ["ImportPlan", "load_openapi", "parse_auth", "tools_from_openapi"]
 
 METHODS: Final = ("get", "put", "post", "delete", "patch")
 UNSUPPORTED_METHODS: Final = ("head", "options", "trace")
@@ -103,12 +108,19 @@ def tools_from_openapi(
     credential_ref: UUID | None = None,
     key_prefix: str = "",
     strict: bool = False,
+    server: str | None = None,
+    auth: str | None = None,
+    credential_kind: str | None = None,
 ) -> ImportPlan:
     """The tools an OpenAPI 3.x document describes; raises InvalidArgument if it is broken.
 
     An operation that cannot be mapped (a ``$ref`` that does not resolve, a name clash, a
     schema that is not valid, ...) is skipped with the reason, unless ``strict``: then the
     whole document is refused. A document with no importable operation is always refused.
+
+    ``server`` is the base URL where the document has no server or a relative one; ``auth``
+    (``parse_auth``) how to place the credential where the document declares no security;
+    ``credential_kind`` picks, among the schemes an operation accepts, one that kind fits.
     """
     version = doc.get("openapi")
     if "swagger" in doc:
@@ -118,7 +130,10 @@ def tools_from_openapi(
     paths = doc.get("paths")
     if not isinstance(paths, Mapping) or not paths:
         raise InvalidArgument("the document has no paths")
-    importer = _Importer(doc, credential_ref, key_prefix)
+    if server is not None and not re.match(r"https?://[^/?#]+", server, re.IGNORECASE):
+        raise InvalidArgument(f"--server {server!r} is not an absolute http(s) URL")
+    stated = parse_auth(auth) if auth is not None else None
+    importer = _Importer(doc, credential_ref, key_prefix, server, stated, credential_kind)
     plan = ImportPlan()
     seen: dict[str, str] = {}
     for path, method, where in importer.operations(paths):
@@ -143,6 +158,11 @@ def tools_from_openapi(
         more = len(plan.skipped) - len(shown)
         reasons = "; ".join(shown) + (f"; and {more} more" if more else "") or "no operations"
         raise InvalidArgument(f"the document has no operation toolrelay can import ({reasons})")
+    if credential_ref is not None and all(spec.credential_ref is None for spec in plan.tools):
+        plan.warnings.append(
+            "--credential is used by no tool: no operation declares a security scheme it fits"
+            " (state one with --auth when the document declares none)"
+        )
     return plan
 
 
@@ -297,14 +317,6 @@ def _slug(text: str) -> str:
 
 
 @dataclass
-class _Auth:
-    method: str = "none"
-    placement: str | None = None
-    name: str | None = None
-    prefix: str | None = None
-
-
-@dataclass
 class _Input:
     """The schema_input being built and the request template members that use it."""
 
@@ -328,10 +340,21 @@ class _Input:
 
 
 class _Importer:
-    def __init__(self, doc: Mapping[str, Any], credential_ref: UUID | None, prefix: str) -> None:
+    def __init__(
+        self,
+        doc: Mapping[str, Any],
+        credential_ref: UUID | None,
+        prefix: str,
+        server: str | None = None,
+        stated_auth: _Auth | None = None,
+        credential_kind: str | None = None,
+    ) -> None:
         self.doc = doc
         self.credential_ref = credential_ref
         self.prefix = prefix
+        self.base_url = server
+        self.stated_auth = stated_auth
+        self.credential_kind = credential_kind
 
     def operations(self, paths: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
         """(path, method, where) per operation; method is "" for a path item that is not
@@ -418,10 +441,21 @@ class _Importer:
             auth_placement=auth.placement,
             auth_param_name=auth.name,
             auth_param_prefix=auth.prefix,
-            credential_ref=self.credential_ref if auth.method != "none" else None,
+            credential_ref=self._credential_for(auth, inputs.warnings),
             egress_class=egress,
         )
         return spec, inputs.warnings
+
+    def _credential_for(self, auth: _Auth, warnings: list[str]) -> UUID | None:
+        if auth.method == "none" or self.credential_ref is None:
+            return None
+        if self.credential_kind is not None and auth.method != self.credential_kind:
+            warnings.append(
+                f"its security needs an {auth.method} credential and --credential is"
+                f" {self.credential_kind}: imported without a credential"
+            )
+            return None
+        return self.credential_ref
 
     def _key(self, path: str, method: str, op: Mapping[str, Any]) -> str:
         operation_id = op.get("operationId")
@@ -443,7 +477,9 @@ class _Importer:
             if isinstance(servers, list) and servers:
                 break
         else:
-            raise InvalidArgument("no servers: toolrelay needs an absolute server URL")
+            if self.base_url is not None:
+                return self.base_url.rstrip("/")
+            raise InvalidArgument("no servers: toolrelay needs an absolute server URL (--server)")
         server = servers[0]
         if not isinstance(server, Mapping) or not isinstance(server.get("url"), str):
             raise InvalidArgument("servers[0] has no url")
@@ -457,13 +493,18 @@ class _Importer:
             return str(variable["default"])
 
         url = re.sub(r"\{([^{}]+)\}", default, url)
+        if self.base_url is not None:
+            url = urljoin(self.base_url.rstrip("/") + "/", url)  # RFC 3986 resolution
         if not re.match(r"https?://[^/?#]+", url, re.IGNORECASE):
             raise InvalidArgument(
                 f"the server URL {url!r} is not an absolute http(s) URL; edit servers[0].url"
+                " or give --server"
             )
         return url.rstrip("/")
 
     def _auth(self, op: Mapping[str, Any]) -> _Auth:
+        if "security" not in op and "security" not in self.doc and self.stated_auth:
+            return self.stated_auth  # --auth: the document declares none
         requirements = op.get("security", self.doc.get("security"))
         if not requirements:
             return _Auth()
@@ -471,11 +512,12 @@ class _Importer:
             raise InvalidArgument("security must be a list of requirements")
         schemes = (self.doc.get("components") or {}).get("securitySchemes") or {}
         names: list[str] = []
+        candidates: list[_Auth] = []
         for requirement in requirements:
             if not isinstance(requirement, Mapping):
                 raise InvalidArgument("each security requirement must be an object")
             if not requirement:
-                return _Auth()  # security is optional here
+                break  # security is optional from here on
             for name in requirement:
                 if name not in schemes:
                     raise InvalidArgument(f"security scheme {name!r} is not defined")
@@ -484,11 +526,16 @@ class _Importer:
                 (name,) = requirement
                 auth = _placeable(_deref(self.doc, schemes[name]))
                 if auth is not None:
-                    return auth
-        raise _Skip(
-            f"its security ({' or '.join(names)}) needs a scheme toolrelay cannot place"
-            " (HTTP basic, an apiKey in a cookie, or several schemes at once)"
-        )
+                    candidates.append(auth)
+        else:
+            if not candidates:
+                raise _Skip(
+                    f"its security ({' or '.join(names)}) needs a scheme toolrelay cannot place"
+                    " (HTTP basic, an apiKey in a cookie, or several schemes at once)"
+                )
+        if not candidates:
+            return _Auth()
+        return fitting(candidates, self.credential_kind)
 
     def _parameters(
         self,
@@ -691,22 +738,3 @@ def _object_parts(doc: Mapping[str, Any], raw: Any) -> tuple[dict[str, Any], set
         properties |= parts[0]
         required |= parts[1]
     return (properties, required) if properties else None
-
-
-def _placeable(scheme: Any) -> _Auth | None:
-    """How toolrelay places a credential for this security scheme, or None if it cannot."""
-    if not isinstance(scheme, Mapping):
-        raise InvalidArgument("a security scheme must be an object")
-    kind = scheme.get("type")
-    if kind == "apiKey":
-        where, name = scheme.get("in"), scheme.get("name")
-        if where in ("header", "query") and isinstance(name, str) and name:
-            return _Auth("api_key", where, name, "")
-        return None
-    if kind == "http":
-        if str(scheme.get("scheme", "")).lower() == "bearer":
-            return _Auth("api_key", "header", "Authorization", "Bearer ")
-        return None
-    if kind in ("oauth2", "openIdConnect"):
-        return _Auth("oauth", "header", "Authorization", "Bearer ")
-    return None
