@@ -358,6 +358,18 @@ def test_api_invoke_with_an_exported_name_reaches_the_tool(agent_http: httpx.Cli
     assert unknown.status_code in (403, 404), unknown.text
 
 
+def test_a_strict_call_s_nulls_arrive_as_left_out(agent_http: httpx.Client) -> None:
+    """Under strict mode the model sends null for what it omits; the tool never sees it."""
+    sent = {"owner": "octo", "per_page": None, "milestone": None, "author": {"login": "a",
+            "email": None}}  # fmt: skip
+    response = agent_http.post(
+        "/v1/agent/invocations", json={"tool": "gh__issues__list_for_repo", "input": sent}
+    )
+    assert response.status_code == 202, response.text
+    stored = response.json()["input"]
+    assert stored == {"owner": "octo", "milestone": None, "author": {"login": "a"}}
+
+
 async def test_mcp_call_with_an_exported_name_reaches_the_tool(
     owner: Owner,
     api: str,  # noqa: F811

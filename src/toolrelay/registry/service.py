@@ -29,6 +29,7 @@ from toolrelay.errors import (
     TemplateError,
     ToolrelayError,
 )
+from toolrelay.export.strict import from_strict_call
 from toolrelay.registry.fields import check_fields, check_limit, check_status
 from toolrelay.registry.models import EXTRA_COLUMNS, UPDATABLE_COLUMNS, ToolSpec
 from toolrelay.registry.validation import check_tool, validate_input
@@ -300,6 +301,10 @@ class Registry:
                     if assigned:
                         raise NotAssigned(f"tool {tool} is not assigned to this agent")
                     raise NotFound(f"tool {tool} not found")
+                if assigned:
+                    # An agent under OpenAI's strict mode sends null for what it leaves out:
+                    # read that as left out where the tool's schema does not allow null.
+                    payload = from_strict_call(found["schema_input"], payload)
                 validate_input(found["schema_input"], payload)
                 row = conn.execute(
                     "SELECT fn_invoke_tool(%s, %s, %s, %s) AS id",
