@@ -146,7 +146,7 @@ def run_phases(ctx: Context, skip: set[str], stamp: str, results: dict[str, Any]
     phase("latency", f"{sizes.latency_seconds:g} s at each of 200/s and 1,000/s", do_latency)
     phase("scaling", f"{n} invocations with {SCALING_WORKERS} workers", do_scaling)
     phase("memory", f"{sizes.memory_queued:,} queued, one worker", do_memory)
-    phase("invoke", f"{sizes.invoke_seconds:g} s per variant, 8 threads", do_invoke)
+    phase("invoke", f"{sizes.invoke_seconds:g} s per variant, 8 and 32 threads", do_invoke)
     if sizes.profile_n:
         phase("profile", f"{sizes.profile_n:,} invocations under py-spy", do_profile)
 
