@@ -12,6 +12,7 @@ from uuid import UUID
 
 import pytest
 import yaml
+from jsonschema import validators
 
 from tests.interop.conftest import Owner
 from tests.interop.test_import_openapi import PETSTORE, broken_documents, write
@@ -19,6 +20,8 @@ from toolrelay.credentials import CredentialStore, Keyring
 from toolrelay.db import Database
 from toolrelay.errors import InvalidArgument
 from toolrelay.export.openapi import load_openapi, tools_from_openapi
+from toolrelay.registry import schemas
+from toolrelay.registry.validation import check_json_schema
 
 
 def ok(operation_id: str, **more: Any) -> dict[str, Any]:
@@ -314,3 +317,46 @@ def test_an_http_bearer_scheme_takes_an_oauth_credential() -> None:
     assert (spec.auth_method, spec.auth_param_prefix, spec.credential_ref) == (
         "oauth", "Bearer ", UUID(int=7),
     )  # fmt: skip
+
+
+# --- size: shared schemas are checked once ----------------------------------------------------
+
+
+def test_shared_component_schemas_are_checked_against_the_metaschema_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GitHub's tools share their component schemas: checking each tool's schemas whole
+    against the metaschema checked them again in every tool (34 s of its import)."""
+    calls: list[Any] = []
+    draft = validators.Draft202012Validator
+    real = draft.check_schema
+
+    def counting(cls: Any, schema: Any, format_checker: Any = None) -> None:
+        calls.append(schema)
+        real(schema, format_checker=format_checker)
+
+    monkeypatch.setattr(draft, "check_schema", classmethod(counting))
+    cache_clear = getattr(schemas, "_part_problem", None)
+    if cache_clear is not None:
+        cache_clear.cache_clear()
+    user = {
+        "type": "object",
+        "properties": {"login": {"type": "string"}, "id": {"type": "integer"}},
+    }
+    paths = {
+        f"/users-{i}": {"get": ok(f"user{i}", responses={"200": {"description": "ok", "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/User"}},
+        }}})}
+        for i in range(40)
+    }  # fmt: skip
+    plan = tools_from_openapi(api(paths, components={"schemas": {"User": user}}))
+    assert len(plan.tools) == 41
+    assert len(calls) <= 10, len(calls)  # 82 when each tool's two schemas are checked whole
+    # checked part by part, a schema is refused where it was, naming the same place
+    bad = {"$defs": {"A": {"properties": {"x": {"minLength": "one"}}}}}
+    with pytest.raises(InvalidArgument) as refused:
+        check_json_schema("schema_input", bad | {"properties": {"a": {"$ref": "#/$defs/A"}}})
+    assert refused.value.message == (
+        "schema_input is not a valid JSON Schema at $defs/A/properties/x/minLength:"
+        " 'one' is not of type 'integer'"
+    )

@@ -1,0 +1,305 @@
+"""``toolrelay import openapi`` on a GitHub-sized document (issue 15: ≤ 15 s, ≤ 300 MB).
+
+``python -m bench.openapi_import [--quick] [--src DIR]``: bounded (a child per run, killed
+after ``TIMEOUT_S``), no network, no database. ``--src``: import with another copy of src/
+too (an older commit's, e.g. ``git archive <rev> src | tar -x -C /tmp/base``), for a
+before/after in the same run.
+
+The document is built here, deterministically, shaped like GitHub's ``api.github.com.json``
+(no security, one absolute server): ``OPERATIONS`` operations on ``OPERATIONS / 2`` paths
+(GET, and POST/PATCH/DELETE with a JSON body), ``SCHEMAS`` component schemas in families
+that refer to each other (each tool's ``$defs`` holds a family and the shared ones, as
+GitHub's ``repository`` holds ``simple-user`` and ``license-simple``), shared parameters and
+responses by ``$ref``, OpenAPI 3.0 ``nullable``, descriptions of GitHub's length. Written as
+JSON (and, for the YAML row, as YAML), then each child process times ``load_openapi`` and
+``tools_from_openapi`` (every tool's schemas checked as registering checks them) and reports
+its peak RSS (``ru_maxrss``), then checks every tool's schemas again as
+``Registry.register_tools`` does (the database round trips are not counted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+OPERATIONS: Final = 1200
+SCHEMAS: Final = 2400
+FAMILY: Final = 8  # schemas that refer to one another
+SHARED: Final = 16  # schemas every family refers to (users, licenses, ...)
+QUICK_FACTOR: Final = 8  # --quick: an eighth of the document
+TIMEOUT_S: Final = 300
+GOAL_S: Final = 15.0
+GOAL_MB: Final = 300.0
+OUT_PATH: Final = Path(__file__).parent / "out" / "openapi-import.json"
+SEED: Final = 15
+WORDS: Final = [
+    "the",
+    "repository",
+    "owner",
+    "pull",
+    "request",
+    "issue",
+    "comment",
+    "label",
+    "milestone",
+    "commit",
+    "branch",
+    "tag",
+    "release",
+    "workflow",
+    "run",
+    "job",
+    "artifact",
+    "check",
+    "suite",
+    "status",
+    "deployment",
+    "environment",
+    "secret",
+    "team",
+    "member",
+    "organization",
+    "installation",
+    "token",
+    "scope",
+    "event",
+    "hook",
+    "delivery",
+    "page",
+    "cursor",
+]
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+
+
+def _schema(rng: random.Random, index: int, total: int) -> dict[str, Any]:
+    family = SHARED + (index - SHARED) // FAMILY * FAMILY
+    properties: dict[str, Any] = {
+        "id": {"type": "integer", "format": "int64", "minimum": 1, "example": 42},
+        "node_id": {"type": "string", "example": "MDQ6VXNlcjE="},
+        "name": {"type": "string", "maxLength": 256, "description": _text(rng, 12)},
+        "url": {"type": "string", "format": "uri", "pattern": "^https://"},
+        "state": {"type": "string", "enum": ["open", "closed", "all"]},
+        "created_at": {"type": "string", "format": "date-time"},
+        "body": {"type": "string", "nullable": True, "description": _text(rng, 30)},
+        "count": {"type": "number", "minimum": 0, "exclusiveMinimum": True},
+    }
+    if index >= SHARED:
+        properties["owner"] = {"$ref": f"#/components/schemas/s{rng.randrange(SHARED)}"}
+        later = [j for j in range(index + 1, min(family + FAMILY, total))]
+        if later:
+            properties["items"] = {
+                "type": "array",
+                "items": {"$ref": f"#/components/schemas/s{rng.choice(later)}"},
+            }
+            properties["parent"] = {
+                "allOf": [{"$ref": f"#/components/schemas/s{rng.choice(later)}"}],
+                "nullable": True,
+            }
+    return {
+        "title": f"S{index}",
+        "description": _text(rng, 80),
+        "type": "object",
+        "properties": properties,
+        "required": ["id", "node_id", "name", "url"],
+    }
+
+
+def _operation(rng: random.Random, method: str, index: int, target: int) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "operationId": f"things/{method}-{index}",
+        "summary": _text(rng, 6),
+        "description": _text(rng, 150),
+        "tags": [rng.choice(WORDS)],
+        "parameters": [{"$ref": "#/components/parameters/owner"}],
+        "responses": {
+            "200" if method == "get" else "201": {
+                "description": "Response",
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": f"#/components/schemas/s{target}"}
+                        if method != "get" or index % 2
+                        else {"type": "array", "items": {"$ref": f"#/components/schemas/s{target}"}}
+                    }
+                },
+            },
+            "404": {"$ref": "#/components/responses/not_found"},
+        },
+    }
+    if method == "get":
+        op["parameters"] += [
+            {"$ref": "#/components/parameters/per-page"},
+            {"$ref": "#/components/parameters/page"},
+            {"name": "sort", "in": "query", "schema": {"type": "string", "enum": ["created", "updated"]}},
+        ]  # fmt: skip
+    else:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {
+                "type": "object",
+                "properties": {
+                    "title": {"type": "string", "description": _text(rng, 10)},
+                    "labels": {"type": "array", "items": {"type": "string"}},
+                    "assignee": {"$ref": f"#/components/schemas/s{rng.randrange(SHARED)}"},
+                    "payload": {"$ref": f"#/components/schemas/s{target}"},
+                },
+                "required": ["title"],
+            }}},
+        }  # fmt: skip
+    return op
+
+
+def document(operations: int = OPERATIONS, schemas: int = SCHEMAS) -> dict[str, Any]:
+    """The synthetic document (deterministic for given sizes)."""
+    rng = random.Random(SEED)
+    components = {f"s{i}": _schema(rng, i, schemas) for i in range(schemas)}
+    paths: dict[str, Any] = {}
+    writes = ("post", "patch", "delete")
+    for index in range(operations // 2):
+        target = SHARED + rng.randrange(schemas - SHARED)
+        item = {
+            "parameters": [{"$ref": "#/components/parameters/id"}],
+            "get": _operation(rng, "get", index, target),
+        }
+        method = writes[index % 3]
+        item[method] = _operation(rng, method, index, target)
+        paths[f"/orgs/{{owner}}/things-{index}/{{id}}"] = item
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "Synthetic GitHub-sized API", "version": "1.1.4"},
+        "servers": [{"url": "https://api.example.com"}],
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "parameters": {
+                "owner": {"name": "owner", "in": "path", "required": True,
+                          "schema": {"type": "string"}, "description": "The account owner."},
+                "id": {"name": "id", "in": "path", "required": True, "schema": {"type": "integer"}},
+                "per-page": {"name": "per_page", "in": "query",
+                             "schema": {"type": "integer", "default": 30, "maximum": 100}},
+                "page": {"name": "page", "in": "query", "schema": {"type": "integer", "default": 1}},
+            },
+            "responses": {"not_found": {"description": "Resource not found", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/s0"}},
+            }}},
+        },
+    }  # fmt: skip
+
+
+def run(path: Path) -> None:
+    """In the child: import ``path`` as the CLI does (without the database); print JSON."""
+    import resource
+
+    from toolrelay.export.openapi import load_openapi, tools_from_openapi
+    from toolrelay.registry.validation import check_json_schema
+
+    started = time.perf_counter()
+    doc = load_openapi(path)
+    loaded = time.perf_counter()
+    plan = tools_from_openapi(doc)
+    mapped = time.perf_counter()
+    for spec in plan.tools:  # registering checks every tool again (Registry.register_tools)
+        check_json_schema("schema_input", spec.schema_input)
+        check_json_schema("schema_output", spec.schema_output)
+    checked = time.perf_counter()
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({
+        "load_s": round(loaded - started, 2),
+        "map_s": round(mapped - loaded, 2),
+        "register_checks_s": round(checked - mapped, 2),
+        "total_s": round(checked - started, 2),
+        "peak_rss_mb": round(rss_mb, 1),
+        "tools": len(plan.tools),
+        "skipped": len(plan.skipped),
+    }))  # fmt: skip
+
+
+def _child(path: Path, source: Path) -> dict[str, Any]:
+    env = os.environ | {"PYTHONPATH": f"{source}{os.pathsep}{Path(__file__).parents[1]}"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.openapi_import", "run", str(path)],
+            env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {TIMEOUT_S} s"}
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(quick: bool, baseline: Path | None) -> dict[str, Any]:
+    import yaml
+
+    factor = QUICK_FACTOR if quick else 1
+    doc = document(OPERATIONS // factor, SCHEMAS // factor)
+    here = Path(__file__).parents[1] / "src"
+    sources = {"current": here} | ({"baseline": baseline} if baseline else {})
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {"json": Path(tmp) / "api.json", "yaml": Path(tmp) / "api.yaml"}
+        files["json"].write_text(json.dumps(doc, indent=1))
+        files["yaml"].write_text(yaml.safe_dump(doc, sort_keys=False))
+        sizes = {kind: round(p.stat().st_size / 1e6, 1) for kind, p in files.items()}
+        for name, source in sources.items():
+            for kind, path in files.items():
+                rows.append({"code": name, "format": kind} | _child(path, source))
+    ok = all(
+        r.get("total_s", 1e9) <= GOAL_S and r.get("peak_rss_mb", 1e9) <= GOAL_MB
+        for r in rows
+        if r["code"] == "current"
+    )
+    return {
+        "operations": OPERATIONS // factor,
+        "schemas": SCHEMAS // factor,
+        "document_mb": sizes,
+        "goal": {"seconds": GOAL_S, "peak_rss_mb": GOAL_MB},
+        "rows": rows,
+        "within_goal": ok,
+    }
+
+
+def print_table(out: dict[str, Any]) -> None:
+    print(
+        f"{out['operations']} operations, {out['schemas']} schemas;"
+        f" JSON {out['document_mb']['json']} MB, YAML {out['document_mb']['yaml']} MB"
+    )
+    print(
+        f"{'code':9} {'format':6} {'load s':>7} {'map s':>7} {'checks s':>9} {'total s':>8}"
+        f" {'peak MB':>8} tools"
+    )
+    for r in out["rows"]:
+        if "error" in r:
+            print(f"{r['code']:9} {r['format']:6} error: {r['error']}")
+            continue
+        print(
+            f"{r['code']:9} {r['format']:6} {r['load_s']:7.2f} {r['map_s']:7.2f}"
+            f" {r['register_checks_s']:9.2f}"
+            f" {r['total_s']:8.2f} {r['peak_rss_mb']:8.1f} {r['tools']}"
+        )
+    goal = out["goal"]
+    verdict = "within" if out["within_goal"] else "NOT within"
+    print(f"current code {verdict} the goal ({goal['seconds']} s, {goal['peak_rss_mb']} MB)")
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["run"]:
+        run(Path(args[1]))
+    else:
+        source = Path(args[args.index("--src") + 1]) if "--src" in args else None
+        result = main("--quick" in args, source)
+        print_table(result)
+        OUT_PATH.parent.mkdir(exist_ok=True)
+        OUT_PATH.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {OUT_PATH}")
