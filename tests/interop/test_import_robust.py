@@ -1,6 +1,7 @@
 """`toolrelay import openapi` on documents shaped like real ones (issue 15): one operation that
 cannot be mapped is skipped with the reason and the rest imports (``--strict`` refuses the
-document instead); ``$ref`` pointers are percent-decoded."""
+document instead); ``$ref`` pointers are percent-decoded; JSON read as JSON, YAML by libyaml;
+``--server``, ``--auth`` and a credential's kind; shared schemas checked once."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from jsonschema import validators
 
 from tests.interop.conftest import Owner
 from tests.interop.test_import_openapi import PETSTORE, broken_documents, write
+from toolrelay.api import ApiSettings, create_app
 from toolrelay.credentials import CredentialStore, Keyring
 from toolrelay.db import Database
 from toolrelay.errors import InvalidArgument
@@ -360,3 +362,22 @@ def test_shared_component_schemas_are_checked_against_the_metaschema_once(
         "schema_input is not a valid JSON Schema at $defs/A/properties/x/minLength:"
         " 'one' is not of type 'integer'"
     )
+
+
+def test_toolrelays_own_openapi_json_imports_with_server_and_auth() -> None:
+    """Our /openapi.json has no servers and declares no security (issue 15)."""
+    app = create_app(ApiSettings(database_url="postgresql:///unused", run_worker=False))
+    doc = json.loads(json.dumps(app.openapi()))
+    with pytest.raises(InvalidArgument, match="no servers"):
+        tools_from_openapi(doc)
+    plan = tools_from_openapi(doc, server="http://127.0.0.1:8080", auth="bearer")
+    assert plan.skipped == []
+    operations = sum(
+        1
+        for item in doc["paths"].values()
+        for m in item
+        if m in ("get", "post", "put", "patch", "delete")
+    )
+    assert len(plan.tools) == operations
+    assert all(spec.endpoint_url.startswith("http://127.0.0.1:8080/") for spec in plan.tools)
+    assert {spec.auth_param_prefix for spec in plan.tools} == {"Bearer "}
