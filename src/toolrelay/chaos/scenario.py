@@ -140,6 +140,14 @@ def register(
     agent_id = registry.create_agent(AGENT)
     tool_ids: dict[str, UUID] = {}
     rows: dict[str, dict[str, Any]] = {}
+
+    def add(fields: dict[str, Any]) -> None:
+        """Register a tool, assign it to the chaos agent, and keep its row."""
+        row = registry.register_tool(ToolSpec.from_mapping(fields))
+        registry.assign(AGENT, fields["key"])
+        tool_ids[fields["key"]] = row["id"]
+        rows[fields["key"]] = dict(row)
+
     api_keys = {api_key}  # rotations add to it (before storing): the upstream's live list
     rotated: set[str] = set()
     for plan in TOOLS:
@@ -178,63 +186,45 @@ def register(
             upstream.credentials[plan.key] = CredentialCheck(
                 "bearer", AnyOf(tokens.issued, rotated)
             )
-        row = registry.register_tool(ToolSpec.from_mapping(fields))
-        registry.assign(AGENT, plan.key)
-        tool_ids[plan.key] = row["id"]
-        rows[plan.key] = dict(row)
-    probe = registry.register_tool(
-        ToolSpec.from_mapping(
-            {
-                "key": PROBE_TOOL,
-                "name": "stale-lease probe",
-                "endpoint_url": f"{upstream.base_url}/stall",
-                "http_method": "GET",
-                "egress_class": "read_only",
-                "timeout_seconds": probe_hold,
-                "max_attempts": 3,
-            }
-        )
+        add(fields)
+    add(
+        {
+            "key": PROBE_TOOL,
+            "name": "stale-lease probe",
+            "endpoint_url": f"{upstream.base_url}/stall",
+            "http_method": "GET",
+            "egress_class": "read_only",
+            "timeout_seconds": probe_hold,
+            "max_attempts": 3,
+        }
     )
-    registry.assign(AGENT, PROBE_TOOL)
-    tool_ids[PROBE_TOOL] = probe["id"]
-    rows[PROBE_TOOL] = dict(probe)
-    bind = registry.register_tool(
-        ToolSpec.from_mapping(
-            {
-                "key": BIND_TOOL,
-                "name": "binding probe",
-                "endpoint_url": f"{upstream.base_url}/api/{BIND_TOOL}",
-                "http_method": "POST",
-                "egress_class": "write",
-                "schema_input": INPUT_SCHEMA,
-                # chaos=ok: if it is ever sent, it is answered at once
-                "request_template": {"query": {"chaos": "ok"}, "body": {"n": "{{input.n}}"}},
-                "timeout_seconds": tool_timeout,
-                "max_attempts": 1,
-            }
-        )
+    add(
+        {
+            "key": BIND_TOOL,
+            "name": "binding probe",
+            "endpoint_url": f"{upstream.base_url}/api/{BIND_TOOL}",
+            "http_method": "POST",
+            "egress_class": "write",
+            "schema_input": INPUT_SCHEMA,
+            # chaos=ok: if it is ever sent, it is answered at once
+            "request_template": {"query": {"chaos": "ok"}, "body": {"n": "{{input.n}}"}},
+            "timeout_seconds": tool_timeout,
+            "max_attempts": 1,
+        }
     )
-    registry.assign(AGENT, BIND_TOOL)
-    tool_ids[BIND_TOOL] = bind["id"]
-    rows[BIND_TOOL] = dict(bind)
-    regate = registry.register_tool(
-        ToolSpec.from_mapping(
-            {
-                "key": REGATE_TOOL,
-                "name": "re-gating probe",
-                "endpoint_url": f"{upstream.base_url}/api/{REGATE_TOOL}",
-                "http_method": "GET",
-                "egress_class": "read_only",
-                "schema_input": INPUT_SCHEMA,
-                "request_template": {"query": {"chaos": "ok", "n": "{{input.n}}"}},
-                "timeout_seconds": tool_timeout,
-                "max_attempts": 1,
-            }
-        )
+    add(
+        {
+            "key": REGATE_TOOL,
+            "name": "re-gating probe",
+            "endpoint_url": f"{upstream.base_url}/api/{REGATE_TOOL}",
+            "http_method": "GET",
+            "egress_class": "read_only",
+            "schema_input": INPUT_SCHEMA,
+            "request_template": {"query": {"chaos": "ok", "n": "{{input.n}}"}},
+            "timeout_seconds": tool_timeout,
+            "max_attempts": 1,
+        }
     )
-    registry.assign(AGENT, REGATE_TOOL)
-    tool_ids[REGATE_TOOL] = regate["id"]
-    rows[REGATE_TOOL] = dict(regate)
     secrets = {
         "api_key": [api_key],
         "oauth_access_token": [first_access],
