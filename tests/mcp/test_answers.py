@@ -179,8 +179,10 @@ def row(**fields: Any) -> dict[str, Any]:
         ("none", {"read_only_hint": True, "destructive_hint": None, "open_world_hint": False}),
     ],
 )
-def test_annotations_follow_egress_class(egress: str, hints: dict[str, Any]) -> None:
-    annotations = annotations_for(row(egress_class=egress))
+def test_annotations_of_ungated_tools_follow_egress_class(
+    egress: str, hints: dict[str, Any]
+) -> None:
+    annotations = annotations_for(row(egress_class=egress, gated=False))
     assert annotations.title == "A"
     for hint, value in hints.items():
         assert getattr(annotations, hint) == value

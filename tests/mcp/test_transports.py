@@ -87,7 +87,8 @@ async def test_list_call_read_then_write_awaiting_approval_then_status(
         assert echo.input_schema == {"type": "object"}
         assert echo.output_schema is None
         assert echo.annotations is not None
-        assert echo.annotations.read_only_hint is True
+        # egress none with an endpoint is gated: announced as a write (issue 15)
+        assert echo.annotations.read_only_hint is False
         assert echo.annotations.open_world_hint is False
 
         status_tool = listed["toolrelay_invocation_status"]

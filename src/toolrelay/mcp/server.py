@@ -10,7 +10,8 @@ functions and row-level security see the agent.
 - ``tools/list``: the agent's assigned, allowed, active tools. ``inputSchema`` is the tool's
   ``schema_input``; ``outputSchema`` its ``schema_output`` when that is an object schema with
   properties and a call can answer with it (not for tools whose calls wait for approval);
-  annotations follow ``egress_class``. Plus ``toolrelay_invocation_status``.
+  annotations follow whether a call is gated, then ``egress_class``. Plus
+  ``toolrelay_invocation_status``.
 - ``tools/call``: ``Registry.invoke`` as the agent, then wait up to ``wait_seconds`` for the
   outcome, woken by its NOTIFY (``toolrelay.dispatch.outcomes``); the dispatcher runs
   elsewhere (``toolrelay serve``'s in-process worker or ``toolrelay worker``). docs/mcp.md
@@ -151,18 +152,23 @@ def output_schema_for(row: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def annotations_for(row: Mapping[str, Any]) -> types.ToolAnnotations:
-    """Hints from egress_class: read_only reads, write may destroy, none stays inside."""
+    """Hints from whether a call is gated, then egress_class: a call that waits for a human
+    (a write, or an endpoint with egress left at none) is announced as a write, never as
+    read-only; an ungated read_only tool reads, an ungated none stays inside."""
     egress = row.get("egress_class")
     title = row.get("name") or None
+    if row.get("gated") or egress not in ("read_only", "none"):
+        return types.ToolAnnotations(
+            title=title,
+            read_only_hint=False,
+            destructive_hint=True,
+            open_world_hint=egress != "none",
+        )
     if egress == "read_only":
         return types.ToolAnnotations(
             title=title, read_only_hint=True, destructive_hint=False, open_world_hint=True
         )
-    if egress == "none":
-        return types.ToolAnnotations(title=title, read_only_hint=True, open_world_hint=False)
-    return types.ToolAnnotations(
-        title=title, read_only_hint=False, destructive_hint=True, open_world_hint=True
-    )
+    return types.ToolAnnotations(title=title, read_only_hint=True, open_world_hint=False)
 
 
 def mcp_tool(row: Mapping[str, Any]) -> types.Tool:
