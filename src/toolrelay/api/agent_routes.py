@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from toolrelay.api import schemas as s
 from toolrelay.api.auth import agent_caller
 from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.errors import BODY, SPLIT, error_responses
 from toolrelay.api.paths import Wait, wait_for_invocation
 from toolrelay.db.connect import Row
 from toolrelay.export.names import key_for, may_be_exported
@@ -47,7 +48,12 @@ def _tool_key(registry: Registry, agent: str, name: str) -> str:
     return key_for(name, (row["key"] for row in registry.agent_tools(agent))) or name
 
 
-@router.get("/tools", summary="The tools this agent may call now (assigned, allowed, active)")
+@router.get(
+    "/tools",
+    operation_id="listAgentTools",
+    responses=error_responses(*SPLIT),
+    summary="The tools this agent may call now (assigned, allowed, active)",
+)
 def tools(context: Ctx, caller: Agent) -> s.AgentToolList:
     rows = context.registry(caller).agent_tools(_me(caller))
     return s.AgentToolList(tools=[_tool(r) for r in rows])
@@ -55,6 +61,8 @@ def tools(context: Ctx, caller: Agent) -> s.AgentToolList:
 
 @router.post(
     "/invocations",
+    operation_id="createAgentInvocation",
+    responses=error_responses(*SPLIT, *BODY, 404, 409),
     status_code=status.HTTP_202_ACCEPTED,
     summary="Invoke a tool; a call that needs approval stays pending until an owner decides",
 )
@@ -68,6 +76,8 @@ def invoke(body: s.InvokeIn, context: Ctx, caller: Agent, response: Response) ->
 
 @router.get(
     "/invocations/{invocation_id}",
+    operation_id="getAgentInvocation",
+    responses=error_responses(*SPLIT, 404, 422),
     summary="One of this agent's invocations; ?wait=N waits up to N s for its outcome",
 )
 async def show(

@@ -16,7 +16,6 @@ from toolrelay import __version__
 from toolrelay.api import agent_routes, approvals, errors, operations, owner_routes
 from toolrelay.api.context import ApiContext, ApiSettings
 from toolrelay.api.limits import BodySizeLimit
-from toolrelay.api.schemas import ErrorBody
 from toolrelay.dispatch.worker import Worker
 from toolrelay.mcp.http import mount_mcp
 
@@ -24,19 +23,18 @@ log = logging.getLogger("toolrelay.api")
 
 WORKER_STOP_TIMEOUT = 15.0  # seconds; the worker itself gives in-flight calls 10 s
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": description}
-    for status, description in (
-        (400, "Malformed request (a body that is not UTF-8 JSON)"),
-        (401, "No token, or one that is unknown, revoked or expired"),
-        (403, "The token may not do this (an agent approving, an unassigned tool)"),
-        (404, "Not found (or not yours)"),
-        (409, "Conflicts with the current state"),
-        (413, "Request body too large"),
-        (422, "Invalid request"),
-        (429, "Rate limited; see Retry-After"),
-        (503, "Database or configuration unavailable"),
-    )
+# Relative: the schema describes whichever address served it (behind a proxy or not), and
+# generated clients take the base URL as an argument. There is no public-URL setting.
+SERVERS = [{"url": "/", "description": "The server that served this document"}]
+
+HEALTH_BODY = {
+    "type": "object",
+    "properties": {"status": {"type": "string"}, "database": {"type": "string"}},
+    "required": ["status", "database"],
+}
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": description, "content": {"application/json": {"schema": HEALTH_BODY}}}
+    for status, description in ((200, "Up, the database reachable"), (503, "The database is not"))
 }
 
 DESCRIPTION = """
@@ -83,7 +81,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         docs_url=None,  # Swagger UI and ReDoc load third-party scripts; the schema is enough
         redoc_url=None,
         lifespan=lifespan,
-        responses=ERROR_RESPONSES,
+        servers=SERVERS,
     )
     app.state.toolrelay = context
     errors.install(app)
@@ -100,7 +98,13 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     def root() -> RedirectResponse:
         return RedirectResponse("/approvals", status_code=307)
 
-    @app.get("/healthz", tags=["health"], summary="Health, the database's included", responses={})
+    @app.get(
+        "/healthz",
+        tags=["health"],
+        operation_id="getHealth",
+        summary="Health, the database's included",
+        responses=HEALTH_RESPONSES,
+    )
     def healthz() -> JSONResponse:
         # 503 while the database is unreachable: a load balancer sends nobody here then.
         up = context.db.ping()

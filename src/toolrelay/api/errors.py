@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolrelay import errors
+from toolrelay.api.schemas import ErrorBody
 from toolrelay.tokens import Unauthenticated
 
 log = logging.getLogger("toolrelay.api")
@@ -68,6 +69,34 @@ CODE_BY_STATUS = {
     500: "internal_error",
     503: "unavailable",
 }
+
+
+# What each error status means in /openapi.json; every one carries ErrorBody.
+ERROR_DESCRIPTIONS = {
+    400: "Malformed request (a body that is not UTF-8 JSON)",
+    401: "No token, or one that is unknown, revoked or expired",
+    403: "The token may not do this (an agent token on an owner route, an unassigned tool)",
+    404: "Not found (or not yours)",
+    409: "Conflicts with the current state",
+    413: "Request body too large",
+    422: "Invalid request",
+    429: "Rate limited; see Retry-After",
+    503: "Database or configuration unavailable; see Retry-After",
+}
+
+# The sets routes are built from: any token (rate-limited, database-backed), a token of the
+# wrong kind, and a request body (parsed, size-limited, validated).
+AUTHENTICATED = (401, 429, 503)
+SPLIT = (*AUTHENTICATED, 403)
+BODY = (400, 413, 422)
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route that can answer ``statuses``: each with ErrorBody."""
+    return {
+        status: {"model": ErrorBody, "description": ERROR_DESCRIPTIONS[status]}
+        for status in sorted(set(statuses))
+    }
 
 
 def status_for(exc: errors.ToolrelayError) -> int:

@@ -133,7 +133,13 @@ def install(app: FastAPI, db: Database, worker: Callable[[], Worker | None]) -> 
     networks = metrics_networks()
     pending = PendingApprovals(db)
 
-    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", include_in_schema=False)
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        operation_id="getMetrics",
+        summary="Prometheus metrics",
+        include_in_schema=False,
+    )
     async def metrics(request: Request) -> Response:
         client = request.client.host if request.client else None
         if not client_allowed(client, networks):

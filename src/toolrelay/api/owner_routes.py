@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response, status
 from toolrelay.api import schemas as s
 from toolrelay.api.auth import any_caller, owner_caller
 from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.errors import AUTHENTICATED, BODY, SPLIT, error_responses
 from toolrelay.api.paths import (
     AgentRef,
     ToolKey,
@@ -36,7 +37,13 @@ def _registry(context: Ctx, caller: Owner) -> Registry:
 Reg = Annotated[Registry, Depends(_registry)]
 
 
-@router.get("/me", tags=["auth"], summary="Who the token belongs to")
+@router.get(
+    "/me",
+    operation_id="getMe",
+    responses=error_responses(*AUTHENTICATED),
+    tags=["auth"],
+    summary="Who the token belongs to",
+)
 def me(caller: Annotated[Caller, Depends(any_caller)]) -> s.Me:
     return s.Me(kind="agent" if caller.is_agent else "owner", owner=caller.owner,
                 agent_id=caller.agent_id)  # fmt: skip
@@ -45,12 +52,25 @@ def me(caller: Annotated[Caller, Depends(any_caller)]) -> s.Me:
 # --- tools -----------------------------------------------------------------------------------
 
 
-@router.get("/tools", tags=["tools"], summary="List tools")
+@router.get(
+    "/tools",
+    operation_id="listTools",
+    responses=error_responses(*SPLIT),
+    tags=["tools"],
+    summary="List tools",
+)
 def list_tools(registry: Reg) -> s.ToolList:
     return s.ToolList(items=[s.ToolOut.model_validate(r) for r in registry.list_tools()])
 
 
-@router.post("/tools", tags=["tools"], status_code=status.HTTP_201_CREATED, summary="Create a tool")
+@router.post(
+    "/tools",
+    operation_id="createTool",
+    responses=error_responses(*SPLIT, *BODY, 409),
+    tags=["tools"],
+    status_code=status.HTTP_201_CREATED,
+    summary="Create a tool",
+)
 def create_tool(body: s.ToolCreate, registry: Reg, response: Response) -> s.ToolOut:
     try:
         registry.get_tool(body.key)
@@ -63,27 +83,57 @@ def create_tool(body: s.ToolCreate, registry: Reg, response: Response) -> s.Tool
     return s.ToolOut.model_validate(row)
 
 
-@router.get("/tools/{key}", tags=["tools"], summary="Show a tool")
+@router.get(
+    "/tools/{key}",
+    operation_id="getTool",
+    responses=error_responses(*SPLIT, 404, 422),
+    tags=["tools"],
+    summary="Show a tool",
+)
 def show_tool(key: ToolKey, registry: Reg) -> s.ToolOut:
     return s.ToolOut.model_validate(registry.get_tool(key))
 
 
-@router.put("/tools/{key}", tags=["tools"], summary="Create or replace a tool (upsert by key)")
+@router.put(
+    "/tools/{key}",
+    operation_id="putTool",
+    responses=error_responses(*SPLIT, *BODY, 404, 409),
+    tags=["tools"],
+    summary="Create or replace a tool (upsert by key)",
+)
 def put_tool(key: ToolKey, body: s.ToolIn, registry: Reg) -> s.ToolOut:
     return s.ToolOut.model_validate(registry.register_tool(ToolSpec(key=key, **body.model_dump())))
 
 
-@router.patch("/tools/{key}", tags=["tools"], summary="Change some of a tool's fields")
+@router.patch(
+    "/tools/{key}",
+    operation_id="updateTool",
+    responses=error_responses(*SPLIT, *BODY, 404, 409),
+    tags=["tools"],
+    summary="Change some of a tool's fields",
+)
 def patch_tool(key: ToolKey, body: s.ToolPatch, registry: Reg) -> s.ToolOut:
     return s.ToolOut.model_validate(registry.update_tool(key, body.model_dump(exclude_unset=True)))
 
 
-@router.post("/tools/{key}/disable", tags=["tools"], summary="Disable a tool")
+@router.post(
+    "/tools/{key}/disable",
+    operation_id="disableTool",
+    responses=error_responses(*SPLIT, 404, 409, 422),
+    tags=["tools"],
+    summary="Disable a tool",
+)
 def disable_tool(key: ToolKey, registry: Reg) -> s.ToolOut:
     return s.ToolOut.model_validate(registry.set_tool_status(key, "disabled"))
 
 
-@router.post("/tools/{key}/enable", tags=["tools"], summary="Enable a tool again")
+@router.post(
+    "/tools/{key}/enable",
+    operation_id="enableTool",
+    responses=error_responses(*SPLIT, 404, 409, 422),
+    tags=["tools"],
+    summary="Enable a tool again",
+)
 def enable_tool(key: ToolKey, registry: Reg) -> s.ToolOut:
     return s.ToolOut.model_validate(registry.set_tool_status(key, "active"))
 
@@ -95,7 +145,13 @@ def _secret(value: str | dict[str, Any]) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-@router.get("/credentials", tags=["credentials"], summary="List credentials (metadata only)")
+@router.get(
+    "/credentials",
+    operation_id="listCredentials",
+    responses=error_responses(*SPLIT),
+    tags=["credentials"],
+    summary="List credentials (metadata only)",
+)
 def list_credentials(context: Ctx, caller: Owner) -> s.CredentialList:
     infos = context.credentials.list(caller.owner)
     return s.CredentialList(items=[s.CredentialOut.model_validate(i, from_attributes=True)
@@ -104,6 +160,8 @@ def list_credentials(context: Ctx, caller: Owner) -> s.CredentialList:
 
 @router.post(
     "/credentials",
+    operation_id="createCredential",
+    responses=error_responses(*SPLIT, *BODY, 409),
     tags=["credentials"],
     status_code=status.HTTP_201_CREATED,
     summary="Add a credential (the secret is encrypted; it is never returned)",
@@ -116,14 +174,24 @@ def add_credential(body: s.CredentialIn, context: Ctx, caller: Owner) -> s.Crede
     return s.CredentialOut.model_validate(info, from_attributes=True)
 
 
-@router.get("/credentials/{credential_id}", tags=["credentials"], summary="Show a credential")
+@router.get(
+    "/credentials/{credential_id}",
+    operation_id="getCredential",
+    responses=error_responses(*SPLIT, 404, 422),
+    tags=["credentials"],
+    summary="Show a credential",
+)
 def show_credential(credential_id: UUID, context: Ctx, caller: Owner) -> s.CredentialOut:
     info = context.credentials.get(caller.owner, credential_id)
     return s.CredentialOut.model_validate(info, from_attributes=True)
 
 
 @router.post(
-    "/credentials/{credential_id}/rotate", tags=["credentials"], summary="Replace the secret"
+    "/credentials/{credential_id}/rotate",
+    operation_id="rotateCredential",
+    responses=error_responses(*SPLIT, *BODY, 404),
+    tags=["credentials"],
+    summary="Replace the secret",
 )
 def rotate_credential(
     credential_id: UUID, body: s.RotateIn, context: Ctx, caller: Owner
@@ -133,7 +201,13 @@ def rotate_credential(
     return s.CredentialOut.model_validate(info, from_attributes=True)
 
 
-@router.delete("/credentials/{credential_id}", tags=["credentials"], summary="Delete a credential")
+@router.delete(
+    "/credentials/{credential_id}",
+    operation_id="deleteCredential",
+    responses=error_responses(*SPLIT, 404, 409, 422),
+    tags=["credentials"],
+    summary="Delete a credential",
+)
 def delete_credential(
     credential_id: UUID,
     context: Ctx,
@@ -147,25 +221,48 @@ def delete_credential(
 # --- agents and assignments ------------------------------------------------------------------
 
 
-@router.get("/agents", tags=["agents"], summary="List agents")
+@router.get(
+    "/agents",
+    operation_id="listAgents",
+    responses=error_responses(*SPLIT),
+    tags=["agents"],
+    summary="List agents",
+)
 def list_agents(registry: Reg) -> s.AgentList:
     return s.AgentList(items=[s.AgentOut.model_validate(r) for r in registry.list_agents()])
 
 
 @router.post(
-    "/agents", tags=["agents"], status_code=status.HTTP_201_CREATED, summary="Create an agent"
+    "/agents",
+    operation_id="createAgent",
+    responses=error_responses(*SPLIT, *BODY, 409),
+    tags=["agents"],
+    status_code=status.HTTP_201_CREATED,
+    summary="Create an agent",
 )
 def create_agent(body: s.AgentIn, registry: Reg) -> s.AgentOut:
     agent_id = registry.create_agent(body.name)
     return s.AgentOut.model_validate(registry.get_agent(str(agent_id)))
 
 
-@router.get("/agents/{agent}", tags=["agents"], summary="Show an agent")
+@router.get(
+    "/agents/{agent}",
+    operation_id="getAgent",
+    responses=error_responses(*SPLIT, 404, 422),
+    tags=["agents"],
+    summary="Show an agent",
+)
 def show_agent(agent: AgentRef, registry: Reg) -> s.AgentOut:
     return s.AgentOut.model_validate(registry.get_agent(agent))
 
 
-@router.get("/assignments", tags=["assignments"], summary="List assignments")
+@router.get(
+    "/assignments",
+    operation_id="listAssignments",
+    responses=error_responses(*SPLIT),
+    tags=["assignments"],
+    summary="List assignments",
+)
 def list_assignments(registry: Reg) -> s.AssignmentList:
     rows = registry.list_assignments()
     return s.AssignmentList(items=[s.AssignmentOut.model_validate(r) for r in rows])
@@ -173,6 +270,8 @@ def list_assignments(registry: Reg) -> s.AssignmentList:
 
 @router.put(
     "/assignments/{agent}/{key}",
+    operation_id="putAssignment",
+    responses=error_responses(*SPLIT, *BODY, 404, 409),
     tags=["assignments"],
     summary="Let an agent call a tool (or deny it with allowed=false)",
 )
@@ -186,7 +285,13 @@ def assign(
                            tool_id=tool_row["id"], allowed=allowed)  # fmt: skip
 
 
-@router.delete("/assignments/{agent}/{key}", tags=["assignments"], summary="Revoke an assignment")
+@router.delete(
+    "/assignments/{agent}/{key}",
+    operation_id="revokeAssignment",
+    responses=error_responses(*SPLIT, 404, 422),
+    tags=["assignments"],
+    summary="Revoke an assignment",
+)
 def revoke(agent: AgentRef, key: ToolKey, registry: Reg) -> s.Revoked:
     return s.Revoked(revoked=registry.revoke(agent, key))
 
@@ -194,7 +299,13 @@ def revoke(agent: AgentRef, key: ToolKey, registry: Reg) -> s.Revoked:
 # --- invocations -----------------------------------------------------------------------------
 
 
-@router.get("/invocations", tags=["invocations"], summary="List invocations, newest first")
+@router.get(
+    "/invocations",
+    operation_id="listInvocations",
+    responses=error_responses(*SPLIT, 422),
+    tags=["invocations"],
+    summary="List invocations, newest first",
+)
 def list_invocations(
     registry: Reg,
     status_: Annotated[s.InvocationStatus | None, Query(alias="status")] = None,
@@ -220,6 +331,8 @@ def list_invocations(
 
 @router.get(
     "/invocations/{invocation_id}",
+    operation_id="getInvocation",
+    responses=error_responses(*SPLIT, 404, 422),
     tags=["invocations"],
     summary="Show an invocation with its attempts (optionally waiting for it to finish)",
 )
@@ -231,7 +344,11 @@ async def show_invocation(
 
 
 @router.post(
-    "/invocations/{invocation_id}/approve", tags=["invocations"], summary="Approve (a human owner)"
+    "/invocations/{invocation_id}/approve",
+    operation_id="approveInvocation",
+    responses=error_responses(*SPLIT, *BODY, 404, 409),
+    tags=["invocations"],
+    summary="Approve (a human owner)",
 )
 def approve(
     invocation_id: UUID, registry: Reg, body: s.ApproveIn | None = None
@@ -240,7 +357,13 @@ def approve(
     return s.InvocationDetail.model_validate(registry.get_invocation(invocation_id))
 
 
-@router.post("/invocations/{invocation_id}/reject", tags=["invocations"], summary="Reject")
+@router.post(
+    "/invocations/{invocation_id}/reject",
+    operation_id="rejectInvocation",
+    responses=error_responses(*SPLIT, *BODY, 404, 409),
+    tags=["invocations"],
+    summary="Reject",
+)
 def reject(
     invocation_id: UUID, registry: Reg, body: s.RejectIn | None = None
 ) -> s.InvocationDetail:
@@ -250,6 +373,8 @@ def reject(
 
 @router.post(
     "/invocations/{invocation_id}/retry",
+    operation_id="retryInvocation",
+    responses=error_responses(*SPLIT, 404, 409, 422),
     tags=["invocations"],
     status_code=status.HTTP_201_CREATED,
     summary="Make a failed, rejected or expired call again (a human owner): a new invocation"
@@ -264,7 +389,13 @@ def retry(invocation_id: UUID, registry: Reg, response: Response) -> s.Invocatio
 # --- tokens ----------------------------------------------------------------------------------
 
 
-@router.get("/tokens", tags=["auth"], summary="List API tokens (never the tokens themselves)")
+@router.get(
+    "/tokens",
+    operation_id="listTokens",
+    responses=error_responses(*SPLIT),
+    tags=["auth"],
+    summary="List API tokens (never the tokens themselves)",
+)
 def list_tokens(context: Ctx, caller: Owner) -> s.TokenList:
     infos = context.tokens.list(caller.owner)
     return s.TokenList(items=[s.TokenOut.model_validate(i, from_attributes=True) for i in infos])
@@ -272,6 +403,8 @@ def list_tokens(context: Ctx, caller: Owner) -> s.TokenList:
 
 @router.post(
     "/tokens",
+    operation_id="createToken",
+    responses=error_responses(*SPLIT, *BODY, 404),
     tags=["auth"],
     status_code=status.HTTP_201_CREATED,
     summary="Make a token for the owner or one of their agents (shown once)",
@@ -283,6 +416,12 @@ def create_token(body: s.TokenIn, context: Ctx, caller: Owner, registry: Reg) ->
     return s.TokenCreated(**out.model_dump(), token=token)
 
 
-@router.delete("/tokens/{token_id}", tags=["auth"], summary="Revoke a token")
+@router.delete(
+    "/tokens/{token_id}",
+    operation_id="revokeToken",
+    responses=error_responses(*SPLIT, 404, 422),
+    tags=["auth"],
+    summary="Revoke a token",
+)
 def revoke_token(token_id: UUID, context: Ctx, caller: Owner) -> s.Revoked:
     return s.Revoked(revoked=context.tokens.revoke(caller.owner, token_id))
