@@ -3,8 +3,14 @@ error, through the official SDK client against the real `serve` app."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from mcp.client.client import Client
+
 from tests.mcp.conftest import World, http_client
-from toolrelay.mcp.server import META_INVOCATION
+from toolrelay.mcp.server import META_INVOCATION, STATUS_TOOL
+
+Make = Callable[..., Client]
 
 
 async def test_hints_follow_whether_a_call_is_gated(world: World, serve_url: str) -> None:
@@ -24,3 +30,36 @@ async def test_hints_follow_whether_a_call_is_gated(world: World, serve_url: str
         pending = await client.call_tool("local.echo", {})
     assert pending.meta is not None
     assert pending.meta[META_INVOCATION]["status"] == "pending"  # the gate the hints state
+
+
+async def test_still_running_is_a_status_not_an_error(inproc: Make) -> None:
+    async with inproc(wait_seconds=0.2) as client:
+        # the SDK client checks this non-error answer against the declared outputSchema
+        running = await client.call_tool("weather.current", {"city": "Slowtown"})
+        assert running.is_error is False
+        status = running.structured_content
+        assert status is not None
+        assert status["status"] == "running"
+        assert status["retry_after_seconds"] > 0
+        assert status["next"]["tool"] == STATUS_TOOL
+        assert status["invocation_id"] == status["next"]["arguments"]["invocation_id"]
+        # what it says to call is accepted as it is
+        done = await client.call_tool(STATUS_TOOL, status["next"]["arguments"])
+    assert done.is_error is False
+    assert done.structured_content is not None
+    assert done.structured_content["status"] == "completed"
+    assert done.structured_content["output"] == {"city": "Slowtown", "temperature_c": 21.5}
+
+
+async def test_awaiting_approval_is_a_status_with_when_to_ask_again(inproc: Make) -> None:
+    async with inproc() as client:
+        pending = await client.call_tool("notes.create", {"text": "hello"})
+        assert pending.is_error is False
+        status = pending.structured_content
+        assert status is not None
+        assert (status["status"], status["retry_after_seconds"]) == ("pending", 30.0)
+        again = await client.call_tool(STATUS_TOOL, status["next"]["arguments"])
+    assert again.is_error is False
+    assert again.structured_content is not None
+    assert again.structured_content["status"] == "pending"
+    assert again.structured_content["retry_after_seconds"] == 30.0

@@ -76,6 +76,10 @@ FINISHED: Final = frozenset({"completed", "failed", "rejected", "expired"})
 META_INVOCATION: Final = "toolrelay/invocation"
 META_REQUIRES_APPROVAL: Final = "toolrelay/requiresApproval"
 META_OUTPUT_SCHEMA: Final = "toolrelay/outputSchema"
+# When an unfinished call is worth asking about again: a running one is woken by its
+# outcome (the status tool waits), a pending one waits for a human (it answers at once).
+RETRY_RUNNING_SECONDS: Final = 1.0
+RETRY_PENDING_SECONDS: Final = 30.0
 
 INSTRUCTIONS: Final = (
     "toolrelay tools. A call that writes to the world waits for a human's approval: its "
@@ -171,6 +175,34 @@ def annotations_for(row: Mapping[str, Any]) -> types.ToolAnnotations:
     return types.ToolAnnotations(title=title, read_only_hint=True, open_world_hint=False)
 
 
+UNFINISHED_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "description": "The call has not finished yet: ask toolrelay_invocation_status again.",
+    "properties": {
+        "invocation_id": {"type": "string"},
+        "tool": {"type": "string"},
+        "status": {"type": "string"},
+        "approval_status": {"type": "string"},
+        "retry_after_seconds": {"type": "number"},
+        "next": {"type": "object"},
+        "message": {"type": "string"},
+    },
+    "required": ["invocation_id", "status", "retry_after_seconds", "next"],
+}
+ROOT_KEYWORDS: Final = ("$schema", "$id", "$defs", "definitions")
+
+
+def declared_output_schema(schema: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What tools/list announces: the output, or the "not finished yet" status a call still
+    running when the wait ends answers (not an error, so the client checks it against this).
+    Root keywords stay at the root so the schema's ``#/$defs/...`` references still resolve."""
+    if schema is None:
+        return None
+    root = {k: schema[k] for k in ROOT_KEYWORDS if k in schema}
+    output = {k: v for k, v in schema.items() if k not in ROOT_KEYWORDS}
+    return root | {"type": "object", "anyOf": [output, UNFINISHED_SCHEMA]}
+
+
 def mcp_tool(row: Mapping[str, Any]) -> types.Tool:
     """One registry tool (a row of ``Registry.agent_tools``) as an MCP tool."""
     meta: dict[str, Any] = {META_REQUIRES_APPROVAL: bool(row.get("gated"))}
@@ -187,7 +219,7 @@ def mcp_tool(row: Mapping[str, Any]) -> types.Tool:
         title=row.get("name") or None,
         description=row.get("description") or row.get("name") or None,
         input_schema=input_schema_for(row),
-        output_schema=output_schema_for(row),
+        output_schema=declared_output_schema(output_schema_for(row)),
         annotations=annotations_for(row),
         _meta=meta,
     )
@@ -204,6 +236,8 @@ STATUS_OUTPUT_SCHEMA: Final[dict[str, Any]] = {
         "error_code": {"type": ["string", "null"]},
         "error": {"type": ["string", "null"]},
         "message": {"type": "string"},
+        "retry_after_seconds": {"type": "number", "description": "Until finished."},
+        "next": {"type": "object", "description": "Until finished: the call to make then."},
     },
     "required": ["invocation_id", "tool", "status", "approval_status", "message"],
 }
@@ -305,19 +339,35 @@ def error_result(
     )
 
 
+def unfinished(row: Row, waited: float) -> dict[str, Any]:
+    """A call not finished yet, as structured content: when and how to ask again."""
+    retry = RETRY_PENDING_SECONDS if row["status"] == "pending" else RETRY_RUNNING_SECONDS
+    arguments = {"invocation_id": str(row["id"]), "wait_seconds": MAX_STATUS_WAIT}
+    return _status(row) | {
+        "retry_after_seconds": retry,
+        "next": {"tool": STATUS_TOOL, "arguments": arguments},
+        "message": _describe(row, waited),
+    }
+
+
 def invocation_result(
     row: Row, output_schema: Mapping[str, Any] | None, waited: float
 ) -> types.CallToolResult:
     """What ``tools/call`` answers for the invocation as it now stands."""
     meta = {META_INVOCATION: _status(row)}
     status = row["status"]
-    if status != "completed":
-        # Only "awaiting approval" is a success: a client checks any other success answer
-        # against the tool's outputSchema, and an unfinished call has no output yet.
+    if status not in FINISHED:
+        # Awaiting approval or still running is not a failure: a status the tool's declared
+        # outputSchema admits (declared_output_schema), saying when to ask again.
+        state = unfinished(row, waited)
         return types.CallToolResult(
-            content=_text(_describe(row, waited)),
-            is_error=status != "pending",
+            content=_text(state["message"]),
+            structured_content=state,
             _meta=meta,
+        )
+    if status != "completed":
+        return types.CallToolResult(
+            content=_text(_describe(row, waited)), is_error=True, _meta=meta
         )
     output = row.get("output")
     if output_schema is not None and not validator(output_schema).is_valid(output):
@@ -346,6 +396,9 @@ def status_result(row: Row, waited: float) -> types.CallToolResult:
     if row["status"] == "completed":
         status["output"] = row.get("output")
         text = f"{message} Output:\n{_json(row.get('output'))}"
+    elif row["status"] not in FINISHED:
+        status = unfinished(row, waited)
+        text = message
     else:
         text = message
     status["message"] = message
