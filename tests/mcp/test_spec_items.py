@@ -3,12 +3,17 @@ error, through the official SDK client against the real `serve` app."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
+import pytest
 from mcp.client.client import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 
 from tests.mcp.conftest import World, http_client
 from toolrelay.mcp.server import META_INVOCATION, STATUS_TOOL
+from toolrelay.registry import ToolSpec
 
 Make = Callable[..., Client]
 
@@ -63,3 +68,51 @@ async def test_awaiting_approval_is_a_status_with_when_to_ask_again(inproc: Make
     assert again.structured_content is not None
     assert again.structured_content["status"] == "pending"
     assert again.structured_content["retry_after_seconds"] == 30.0
+
+
+MANY = 1_200
+
+
+def register_many(world: World) -> set[str]:
+    """About a GitHub import's worth of tools (4 KB of description each, ~5 MB listed),
+    registered in one transaction and assigned to ``bot``."""
+    base = world.upstream.base_url
+    specs = [
+        ToolSpec(
+            key=f"gh.op_{n:04d}",
+            name=f"Operation {n}",
+            description=f"Operation {n}. " + "x" * 4_000,
+            endpoint_url=f"{base}/weather",
+            http_method="GET",
+            egress_class="read_only",
+            schema_input={"type": "object", "properties": {"q": {"type": "string"}}},
+        )
+        for n in range(MANY)
+    ]
+    world.registry.register_tools(specs)
+    for spec in specs:
+        world.registry.assign("bot", spec.key)
+    return {spec.key for spec in specs}
+
+
+async def test_tools_list_pages_over_streamable_http(world: World, serve_url: str) -> None:
+    keys = await asyncio.to_thread(register_many, world)
+    names: list[str] = []
+    pages = 0
+    cursor: str | None = None
+    async with http_client(serve_url, world.agent_token) as client:
+        while True:
+            # the SDK refuses any event over 1 MiB: each page arriving is the check
+            result = await client.list_tools(cursor=cursor, cache_mode="bypass")
+            assert len(result.model_dump_json(by_alias=True)) < 1024 * 1024
+            names += [tool.name for tool in result.tools]
+            pages += 1
+            if result.next_cursor is None:
+                break
+            cursor = result.next_cursor
+        with pytest.raises(MCPError) as refused:
+            await client.list_tools(cursor="garbage", cache_mode="bypass")
+    assert refused.value.error.code == INVALID_PARAMS
+    assert len(names) == len(set(names))  # nothing twice
+    assert set(names) == keys | {"weather.current", "notes.create", "local.echo", STATUS_TOOL}
+    assert pages > MANY // 100

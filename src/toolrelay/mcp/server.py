@@ -11,7 +11,7 @@ functions and row-level security see the agent.
   ``schema_input``; ``outputSchema`` its ``schema_output`` when that is an object schema with
   properties and a call can answer with it (not for tools whose calls wait for approval);
   annotations follow whether a call is gated, then ``egress_class``. Plus
-  ``toolrelay_invocation_status``.
+  ``toolrelay_invocation_status``. In pages (``toolrelay.mcp.pages``).
 - ``tools/call``: ``Registry.invoke`` as the agent, then wait up to ``wait_seconds`` for the
   outcome, woken by its NOTIFY (``toolrelay.dispatch.outcomes``); the dispatcher runs
   elsewhere (``toolrelay serve``'s in-process worker or ``toolrelay worker``). docs/mcp.md
@@ -52,6 +52,7 @@ from toolrelay.errors import (
 )
 from toolrelay.export.names import key_for
 from toolrelay.mcp.limits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, WAIT_ENV
+from toolrelay.mcp.pages import after_key, page
 from toolrelay.registry import Registry
 from toolrelay.registry.validation import validator
 from toolrelay.tokens import Authenticator, Caller, Unauthenticated
@@ -452,12 +453,21 @@ class _Handlers:
         return Registry(self.db, caller.owner, agent_id=caller.agent_id), str(caller.agent_id)
 
     async def list_tools(
-        self, ctx: ServerRequestContext[Any, Any], _params: types.PaginatedRequestParams | None
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        cursor = params.cursor if params is not None else None
+        after_key(cursor)  # a bad cursor is refused before any database work
         registry, agent = await self._registry(ctx)
         rows = await _protocol_error(registry.agent_tools, agent)
-        tools = [mcp_tool(row) for row in rows if row["key"] != STATUS_TOOL]
-        return types.ListToolsResult(tools=[*tools, status_tool()], ttl_ms=0, cache_scope="private")
+        # Sorted here, not by the database's collation: the cursor compares keys in Python.
+        tools = sorted(
+            (*(mcp_tool(row) for row in rows if row["key"] != STATUS_TOOL), status_tool()),
+            key=lambda tool: tool.name,
+        )
+        taken, next_cursor = page(tools, cursor)
+        return types.ListToolsResult(
+            tools=taken, next_cursor=next_cursor, ttl_ms=0, cache_scope="private"
+        )
 
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
