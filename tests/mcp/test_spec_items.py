@@ -1,13 +1,17 @@
 """Issue 15, MCP: hints that follow the gate, "still running" as a status rather than an
-error, through the official SDK client against the real `serve` app."""
+error, tools/list in pages, listChanged, through the official SDK client against the real `serve` app."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
+import anyio
+import httpx2
 import pytest
 from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
@@ -116,3 +120,43 @@ async def test_tools_list_pages_over_streamable_http(world: World, serve_url: st
     assert len(names) == len(set(names))  # nothing twice
     assert set(names) == keys | {"weather.current", "notes.create", "local.echo", STATUS_TOOL}
     assert pages > MANY // 100
+
+
+async def test_list_changed_is_declared_and_sent_when_assignments_change(
+    world: World, serve_url: str
+) -> None:
+    changed = anyio.Event()
+    methods: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        method = getattr(message, "method", None) or getattr(
+            getattr(message, "root", None), "method", None
+        )
+        if isinstance(method, str):
+            methods.append(method)
+        if method == "notifications/tools/list_changed":
+            changed.set()
+
+    http = httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {world.agent_token}"}, timeout=30.0
+    )
+    transport = streamable_http_client(f"{serve_url}/mcp", http_client=http)
+    async with http, Client(transport, mode="legacy", message_handler=on_message) as client:
+        tools = client.server_capabilities.tools
+        assert tools is not None and tools.list_changed is True
+        await client.list_tools()
+        await client.call_tool("weather.current", {"city": "Oslo"})
+        assert "notifications/tools/list_changed" not in methods  # nothing changed yet
+        await asyncio.to_thread(world.registry.assign, "bot", "secret.unassigned")
+        await client.call_tool("weather.current", {"city": "Oslo"})
+        with anyio.fail_after(10):
+            await changed.wait()
+        listed = {tool.name for tool in (await client.list_tools(cache_mode="bypass")).tools}
+        assert "secret.unassigned" in listed
+        # a tool's own change (disabled) is announced too
+        changed = anyio.Event()
+        await asyncio.to_thread(world.registry.set_tool_status, "secret.unassigned", "disabled")
+        await client.call_tool("weather.current", {"city": "Oslo"})
+        with anyio.fail_after(10):
+            await changed.wait()
+    assert methods.count("notifications/tools/list_changed") == 2

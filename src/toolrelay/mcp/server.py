@@ -34,7 +34,8 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 
@@ -51,6 +52,7 @@ from toolrelay.errors import (
     ToolrelayError,
 )
 from toolrelay.export.names import key_for
+from toolrelay.mcp.changes import ListWatch
 from toolrelay.mcp.limits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, WAIT_ENV
 from toolrelay.mcp.pages import after_key, page
 from toolrelay.registry import Registry
@@ -445,6 +447,7 @@ class _Handlers:
         self.caller_for = caller_for
         self.settings = settings
         self.outcomes = outcomes
+        self.watch = ListWatch()
 
     async def _registry(self, ctx: ServerRequestContext[Any, Any]) -> tuple[Registry, str]:
         caller = await self.caller_for(ctx)
@@ -464,6 +467,7 @@ class _Handlers:
             (*(mcp_tool(row) for row in rows if row["key"] != STATUS_TOOL), status_tool()),
             key=lambda tool: tool.name,
         )
+        await self.watch.seen(ctx, rows, notify=False)
         taken, next_cursor = page(tools, cursor)
         return types.ListToolsResult(
             tools=taken, next_cursor=next_cursor, ttl_ms=0, cache_scope="private"
@@ -477,6 +481,7 @@ class _Handlers:
         if params.name == STATUS_TOOL:
             return await self._status(registry, agent, arguments)
         rows = await _protocol_error(registry.agent_tools, agent)
+        await self.watch.seen(ctx, rows)
         name = key_for(params.name, (r["key"] for r in rows)) or params.name  # an exported name
         row = next((r for r in rows if r["key"] == name), None)
         if row is None:  # unassigned, denied, disabled or unknown: all look the same
@@ -546,6 +551,23 @@ def _status_arguments(arguments: Mapping[str, Any]) -> tuple[UUID, float]:
     return invocation_id, min(float(wait), MAX_STATUS_WAIT)
 
 
+class _Server(Server[Any]):
+    """Declares ``tools.listChanged`` (toolrelay.mcp.changes) to every handshake-era
+    session, whichever runner asks for the initialization options."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
 def build_server(
     db: Database,
     caller_for: CallerFor,
@@ -555,7 +577,7 @@ def build_server(
     """The MCP server; ``caller_for`` names the agent each request acts as. ``outcomes``:
     the process's listener for finished calls (``serve`` shares the API's), else a new one."""
     handlers = _Handlers(db, caller_for, settings or McpSettings(), outcomes or Outcomes(db.url))
-    return Server(
+    return _Server(
         "toolrelay",
         version=__version__,
         title="toolrelay",
