@@ -4,7 +4,8 @@ error, tools/list in pages, listChanged, through the official SDK client against
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -15,7 +16,11 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
+from tests.api.conftest import settings
+from tests.api.servers import serve_app
 from tests.mcp.conftest import World, http_client
+from toolrelay.api import create_app
+from toolrelay.credentials import Keyring
 from toolrelay.mcp.server import META_INVOCATION, STATUS_TOOL
 from toolrelay.registry import ToolSpec
 
@@ -160,3 +165,50 @@ async def test_list_changed_is_declared_and_sent_when_assignments_change(
         with anyio.fail_after(10):
             await changed.wait()
     assert methods.count("notifications/tools/list_changed") == 2
+
+
+@pytest.fixture(scope="module")
+def strict_url(database_url: str, mcp_keyring: Keyring) -> Iterator[str]:
+    """`serve` with a bucket of 3 and a slow refill, so a test can empty it."""
+    app = create_app(settings(database_url, mcp_keyring, rate_per_second=0.2, rate_burst=3))
+    with serve_app(app) as url:
+        yield url
+
+
+def rpc(n: int, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": n, "method": method, "params": params or {}}
+
+
+async def test_only_tool_calls_spend_the_rate_limit_and_hints_agree(
+    world: World, strict_url: str
+) -> None:
+    headers = {
+        "Authorization": f"Bearer {world.agent_token}",
+        "Accept": "application/json, text/event-stream",
+    }
+    async with httpx2.AsyncClient(base_url=strict_url, headers=headers, timeout=30.0) as http:
+        init = await http.post(
+            "/mcp",
+            json=rpc(0, "initialize", {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            }),
+        )  # fmt: skip
+        assert init.status_code == 200
+        http.headers["Mcp-Session-Id"] = init.headers["mcp-session-id"]
+        http.headers["Mcp-Protocol-Version"] = "2025-06-18"
+        sent = await http.post(
+            "/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+        )
+        assert sent.status_code == 202
+        for n in range(1, 11):  # more messages than the bucket holds: none limited
+            listed = await http.post("/mcp", json=rpc(n, "tools/list"))
+            assert listed.status_code == 200
+        call = rpc(20, "tools/call", {"name": "weather.current", "arguments": {"city": "Oslo"}})
+        statuses = [(await http.post("/mcp", json=call)).status_code for _ in range(3)]
+        assert statuses == [200, 200, 200]
+        refused = await http.post("/mcp", json=call)
+    assert refused.status_code == 429
+    hint = re.search(r"retry in (\d+) s", refused.text)
+    assert hint is not None, refused.text
+    assert hint.group(1) == refused.headers["retry-after"]

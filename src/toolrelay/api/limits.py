@@ -88,6 +88,11 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+def retry_after_seconds(wait: float) -> int:
+    """Whole seconds for Retry-After (errors.py's formula), for a body to say the same."""
+    return max(1, round(wait + 0.5))
+
+
 @dataclass
 class _Bucket:
     tokens: float

@@ -1,8 +1,8 @@
 """Streamable HTTP at ``/mcp`` on ``toolrelay serve``, one agent per bearer token.
 
 Every HTTP request is authenticated before the MCP SDK sees it, the same way as /v1 (the
-same ``Authenticator``, rate limits and JSON errors): no or a bad token is 401, an owner
-token 403. The caller is kept on the ASGI scope, where the MCP handlers read it from the
+same ``Authenticator`` and JSON errors): no or a bad token is 401, an owner token 403.
+The rate limit counts tool calls only (429 with Retry-After, the body saying the same). The caller is kept on the ASGI scope, where the MCP handlers read it from the
 request that carried each message, so every message acts as the agent whose token came
 with it. The SDK also binds a session to the agent that opened it: another agent's token
 presenting that session id gets 404, as if it did not exist.
@@ -11,6 +11,7 @@ presenting that session id gets 404, as if it did not exist.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
@@ -25,14 +26,15 @@ from starlette.authentication import AuthCredentials
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from yarl import URL
 
-from toolrelay.api.auth import authenticate
-from toolrelay.api.errors import error_response, toolrelay_error_response
+from toolrelay.api.auth import limit
+from toolrelay.api.errors import RateLimited, error_response, toolrelay_error_response
+from toolrelay.api.limits import retry_after_seconds
 from toolrelay.errors import ToolrelayError
 from toolrelay.mcp.server import McpSettings, agent_only, build_server
-from toolrelay.tokens import Caller
+from toolrelay.tokens import Caller, Unauthenticated
 
 if TYPE_CHECKING:
     from toolrelay.api.context import ApiContext
@@ -106,9 +108,11 @@ class McpEndpoint:
             await response(scope, receive, send)
             return
         try:
-            caller = agent_only(
-                await run_in_threadpool(authenticate, request, self.context, _bearer(request))
-            )
+            caller = agent_only(await run_in_threadpool(self._authenticate, request))
+            if scope.get("method") == "POST":
+                body, receive = await _buffered(receive)
+                if _is_tool_call(body):
+                    self._limit(caller)
         except ToolrelayError as exc:
             await toolrelay_error_response(exc)(scope, receive, send)
             return
@@ -123,6 +127,59 @@ class McpEndpoint:
         scope["user"] = AuthenticatedUser(principal)
         scope["auth"] = AuthCredentials([])
         await self.manager.handle_request(scope, receive, send)
+
+    def _authenticate(self, request: Request) -> Caller:
+        """As /v1 does, but a valid token spends no rate token here: only tool calls do
+        (``_limit``), not initialize, tools/list, notifications or the SSE stream. Failed
+        attempts are still limited per client address."""
+        client = request.client.host if request.client else "unknown"
+        token = _bearer(request)
+        try:
+            if not token:
+                raise Unauthenticated("no bearer token: send 'Authorization: Bearer <token>'")
+            return self.context.authenticator.authenticate(token)
+        except Unauthenticated:
+            limit(self.context, f"ip:{client}")
+            raise
+
+    def _limit(self, caller: Caller) -> None:
+        wait = self.context.limiter.take(caller.rate_key)
+        if wait > 0:  # the body's hint is the Retry-After header's whole seconds
+            seconds = retry_after_seconds(wait)
+            raise RateLimited(f"too many tool calls; retry in {seconds} s", wait)
+
+
+async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
+    """The request body (BodySizeLimit bounds it), and a receive that replays it."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return body, replay
+
+
+def _is_tool_call(body: bytes) -> bool:
+    """Whether a POSTed JSON-RPC message (or batch) holds a tools/call."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False  # the SDK answers a parse error
+    messages = message if isinstance(message, list) else [message]
+    return any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)
 
 
 def mcp_router(context: ApiContext, settings: McpSettings | None = None) -> APIRouter:
