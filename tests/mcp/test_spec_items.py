@@ -1,5 +1,6 @@
 """Issue 15, MCP: hints that follow the gate, "still running" as a status rather than an
-error, tools/list in pages, listChanged, through the official SDK client against the real `serve` app."""
+error, tools/list in pages, listChanged, and rate limits on tool calls only; through the
+official SDK client (raw HTTP where headers matter) against the real `serve` app."""
 
 from __future__ import annotations
 
