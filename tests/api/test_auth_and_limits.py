@@ -60,6 +60,8 @@ def test_rate_limit_answers_429_with_retry_after_per_token(strict_api: str, db: 
         limited = http.get("/v1/me", headers=bearer(first))
         assert limited.json()["error"]["code"] == "rate_limited"
         assert int(limited.headers["Retry-After"]) >= 1
+        said = limited.json()["error"]["message"]  # the body's hint is the header's
+        assert said.endswith(f"retry in {limited.headers['Retry-After']} s"), said
         assert http.get("/v1/me", headers=bearer(second)).status_code == 200  # its own bucket
         time.sleep(1.1)
         assert http.get("/v1/me", headers=bearer(first)).status_code == 200

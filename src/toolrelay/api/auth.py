@@ -7,6 +7,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from toolrelay.api.context import ApiContext, get_context
 from toolrelay.api.errors import RateLimited
+from toolrelay.api.limits import retry_after_seconds
 from toolrelay.errors import PermissionDenied
 from toolrelay.tokens import Caller, Unauthenticated
 
@@ -34,7 +35,8 @@ def authenticate(request: Request, context: ApiContext, token: str | None) -> Ca
 def limit(context: ApiContext, key: str) -> None:
     wait = context.limiter.take(key)
     if wait > 0:
-        raise RateLimited(f"too many requests; retry in {wait:.1f} s", wait)
+        # the same whole seconds as the Retry-After header (never "retry in 0.0 s")
+        raise RateLimited(f"too many requests; retry in {retry_after_seconds(wait)} s", wait)
 
 
 def any_caller(
