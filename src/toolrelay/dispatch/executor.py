@@ -188,17 +188,22 @@ class Executor:
         secrets.extend([value, placed])
         name = row["auth_param_name"]
         if row["auth_placement"] == "query":
-            # Appended, not update_query(): that re-encodes the other parameters, and the
-            # request sent must be the rendered (approved) one byte for byte.
-            separator = "&" if url.raw_query_string else "?"
-            start = f"{spec.url}{separator}{quote(name, safe='')}="
-            spec.url = f"{start}{quote(placed, safe='')}"
+            shown_url = with_query_param(spec.url, name, prefix) + MASK
+            spec.url = with_query_param(spec.url, name, placed)
             spec.secret_query = name
-            return f"{start}{quote(prefix, safe='')}{MASK}", dict(spec.headers)
+            return shown_url, dict(spec.headers)
         shown = dict(spec.headers) | {name: f"{prefix}{MASK}"}
         spec.headers[name] = placed
         spec.secret_headers = frozenset({name.lower()})
         return spec.url, shown
+
+
+def with_query_param(url: str, name: str, value: str) -> str:
+    """``url`` with ``name=value`` appended, both percent-encoded. Appended, not yarl's
+    update_query(): that re-encodes the other parameters, and the request sent must be the
+    rendered (approved) one byte for byte. The approvals page shows the same."""
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}{quote(name, safe='')}={quote(value, safe='')}"
 
 
 def build_request(row: Mapping[str, Any]) -> RenderedRequest:

@@ -18,10 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from toolrelay.dispatch.executor import build_request, request_digest
+from toolrelay.dispatch.executor import MASK, build_request, request_digest
 from toolrelay.errors import TemplateError
-
-MASK = "••••"
 
 __all__ = ["MASK", "Header", "Part", "RequestPreview", "preview_request"]
 
