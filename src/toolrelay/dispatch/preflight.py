@@ -52,9 +52,7 @@ def allow_list(policy: EgressPolicy) -> list[str]:
     """The allow-list entries as written: host names, addresses, CIDRs (port and scope)."""
     written = sorted(policy.allow_hosts)
     written += [str(net) for net in policy.allow_networks]
-    for entry in policy.entries:
-        text = getattr(entry, "text", "") or str(getattr(entry, "target", entry))
-        written.append(text)
+    written += [entry.text or str(entry.target) for entry in policy.entries]
     return written
 
 
