@@ -86,6 +86,13 @@ def _digest_of(row: Mapping[str, Any]) -> str | None:
         return None
 
 
+_ATTEMPTS = (
+    "SELECT attempt, worker, started_at, finished_at, status_code, duration_ms, error_code,"
+    " error, request_method, request_url, request_headers, request_body_bytes,"
+    " request_body_sha256 FROM agents.tool_invocation_attempts"
+    " WHERE invocation_id = %s ORDER BY attempt, id"
+)
+
 REGISTER_SQL = """
 SELECT (fn_register_tool(
     p_key => %(key)s, p_name => %(name)s, p_description => %(description)s,
@@ -438,13 +445,11 @@ class Registry:
             ).fetchone()
             if row is None:
                 raise NotFound(f"invocation {invocation_id} not found")
-            row["attempts"] = conn.execute(
-                "SELECT attempt, worker, started_at, finished_at, status_code, duration_ms,"
-                " error_code, error, request_method, request_url, request_headers,"
-                " request_body_bytes, request_body_sha256 FROM agents.tool_invocation_attempts"
-                " WHERE invocation_id = %s ORDER BY attempt, id",
-                (ident,),
-            ).fetchall()
+            # Attempts are the owner's rows (RLS, migration 0015): an agent's read of them
+            # would come back empty, so it is not made (the wait paths read here per wake).
+            row["attempts"] = []
+            if self.agent_id is None:
+                row["attempts"] = conn.execute(_ATTEMPTS, (ident,)).fetchall()
             # the other direction of retry_of (at most one retry per call)
             retried = conn.execute(
                 "SELECT id FROM agents.tool_invocations WHERE retry_of = %s", (ident,)
