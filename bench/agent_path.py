@@ -1,7 +1,8 @@
 """The agent's path: from MCP ``tools/call`` (or API invoke + ``?wait``) to its answer.
 
-``python -m bench.agent_path [--quick] [--src DIR]``, loopback only, bounded (about a minute;
-``--src``: serve another copy of src/, e.g. an older commit's, for a baseline in the same run).
+``python -m bench.agent_path [--quick] [--src DIR] [--no-peer]``, loopback only, bounded
+(about a minute, five with the peer; ``--src``: serve another copy of src/, e.g. an older
+commit's, for a baseline in the same run).
 
 It starts a fresh database (on DATABASE_URL's server, else an embedded one), the echo
 upstream (bench/upstream.py), and the app as ``toolrelay serve`` builds it, with its
@@ -17,7 +18,14 @@ streamable HTTP; the API with aiohttp):
 - CPU per call: the serve process's and its database's backends' (pg_stat_activity for
   this database; walwriter and other shared processes are not counted), from /proc.
 
-Prints a table and writes bench/out/agent-path.json.
+Then the peer (issue 14, goal 2; ``--no-peer`` leaves it out): ContextForge's MCP door
+(bench/contextforge.py) with the same tool, client and upstream, in rounds alternating with
+toolrelay's (``PEER_ROUNDS``, medians reported); its CPU is its process tree's (SQLite is
+in-process). When it cannot be installed, a line says it was skipped and why.
+
+Every answer is checked (the upstream's ``{"ok": true}``): an error or a wrong answer, from
+either system, makes the run exit non-zero. Prints a table and writes
+bench/out/agent-path.json.
 """
 
 from __future__ import annotations
@@ -34,15 +42,17 @@ import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from bench import contextforge
 from bench.constants import OUT_DIR, TOOL_KEY
-from bench.procs import CLOCK_TICKS, Child, loadavg, python_module
+from bench.procs import CLOCK_TICKS, Child, ServerProcesses, loadavg, python_module
 from bench.setup import create_database, drop_database, provision, server_admin_url
-from bench.upstream import UpstreamProcess
+from bench.upstream import RESPONSE_BODY, UpstreamProcess
 from toolrelay.registry import Registry
 from toolrelay.tokens import TokenStore
 
@@ -53,6 +63,9 @@ WAIT_S = 10  # ?wait and the MCP bound: far above any answer here
 START_LEAD_S = 3.0  # seconds the client processes get to open their sessions
 GOALS = {"p50_ms": 5.0, "p99_ms": 20.0, "calls_per_s": 1000.0, "cpu_ms_per_call": 1.5}
 OUT_PATH = OUT_DIR / "agent-path.json"
+PEER_ROUNDS, QUICK_PEER_ROUNDS = 3, 1  # toolrelay, ContextForge, toolrelay, ... (medians)
+PEER_GOALS = {"calls_per_s": 10.0, "p50_ms": 10.0}  # toolrelay >= 10x its calls/s, <= 1/10 p50
+ANSWER = json.loads(RESPONSE_BODY)
 Call = Callable[[int], Awaitable[None]]
 
 
@@ -88,8 +101,15 @@ def serve(port: int) -> None:
 # --- the doors -----------------------------------------------------------------------------
 
 
+def check_answer(content: list[Any]) -> None:
+    """The upstream's answer as the call's text content (both systems answer so)."""
+    text = getattr(content[0], "text", None) if content else None
+    if text is None or json.loads(text) != ANSWER:
+        raise RuntimeError(f"wrong answer: {content}")
+
+
 async def with_session(
-    door: str, base: str, token: str, body: Callable[[Call], Awaitable[Any]]
+    door: str, base: str, token: str, body: Callable[[Call], Awaitable[Any]], tool: str = TOOL_KEY
 ) -> Any:
     """Open one agent session on ``door`` and give ``body`` its one-call function."""
     if door == "mcp":
@@ -101,9 +121,10 @@ async def with_session(
         async with http, Client(streamable_http_client(f"{base}/mcp", http_client=http)) as mcp:
 
             async def mcp_call(n: int) -> None:
-                result = await mcp.call_tool(TOOL_KEY, {"n": n})
+                result = await mcp.call_tool(tool, {"n": n})
                 if result.is_error:
                     raise RuntimeError(f"tools/call failed: {result.content}")
+                check_answer(result.content)
 
             return await body(mcp_call)
     import aiohttp
@@ -119,13 +140,15 @@ async def with_session(
                 path = f"/v1/agent/invocations/{inv['id']}"
                 async with api.get(path, params={"wait": str(WAIT_S)}) as resp:
                     inv = await resp.json()
-            if inv.get("status") != "completed":
-                raise RuntimeError(f"invocation not completed: {inv}")
+            if inv.get("status") != "completed" or inv.get("output") != ANSWER:
+                raise RuntimeError(f"invocation not completed with the answer: {inv}")
 
         return await body(api_call)
 
 
-async def sequential(door: str, base: str, token: str, calls: int, warmup: int) -> list[float]:
+async def sequential(
+    door: str, base: str, token: str, calls: int, warmup: int, tool: str = TOOL_KEY
+) -> list[float]:
     async def body(call: Call) -> list[float]:
         for n in range(warmup):
             await call(n)
@@ -136,12 +159,12 @@ async def sequential(door: str, base: str, token: str, calls: int, warmup: int) 
             times.append((time.perf_counter() - started) * 1000)
         return times
 
-    result: list[float] = await with_session(door, base, token, body)
+    result: list[float] = await with_session(door, base, token, body, tool)
     return result
 
 
 def sessions_in_process(
-    door: str, base: str, tokens: list[str], start: float, seconds: float
+    door: str, base: str, tokens: list[str], start: float, seconds: float, tool: str = TOOL_KEY
 ) -> int:
     """One client process: its sessions call back to back in [start, start + seconds)."""
 
@@ -155,7 +178,7 @@ def sessions_in_process(
                 done += 1
             return done
 
-        count: int = await with_session(door, base, token, body)
+        count: int = await with_session(door, base, token, body, tool)
         return count
 
     async def run() -> int:
@@ -204,10 +227,12 @@ class Cpu:
         return after[0] - before[0], pg
 
 
-def phase(door: str, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes) -> dict[str, Any]:
+def phase(
+    door: str, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes, tool: str = TOOL_KEY
+) -> dict[str, Any]:
     calls, warmup, sessions, seconds, processes = sizes
     before = cpu.sample()
-    times = asyncio.run(sequential(door, base, tokens[0], calls, warmup))
+    times = asyncio.run(sequential(door, base, tokens[0], calls, warmup, tool))
     serve_s, pg_s = Cpu.used(before, cpu.sample())
     seq = {
         "p50_ms": statistics.median(times),
@@ -221,7 +246,9 @@ def phase(door: str, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes) -> di
     start = time.time() + START_LEAD_S
     groups = [tokens[1:][i::processes] for i in range(processes)]
     with ProcessPoolExecutor(processes) as pool:
-        futures = [pool.submit(sessions_in_process, door, base, g, start, seconds) for g in groups]
+        futures = [
+            pool.submit(sessions_in_process, door, base, g, start, seconds, tool) for g in groups
+        ]
         time.sleep(max(0.0, start - time.time()))
         before = cpu.sample()
         time.sleep(seconds)
@@ -267,6 +294,93 @@ def print_table(results: dict[str, Any]) -> None:
     print(f"load average before / after: {results['load_before']} / {results['load_after']}")
 
 
+# --- the peer: ContextForge (issue 14, goal 2) ------------------------------------------------
+
+
+class TreeCpu(Cpu):
+    """A server's process tree (procs.ServerProcesses); its database is in-process (SQLite)."""
+
+    def __init__(self, pid: int) -> None:
+        self.tree = ServerProcesses(pid)
+
+    def sample(self) -> tuple[float, dict[int, float]]:
+        return cpu_seconds(self.tree()), {}
+
+
+def summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    """Medians over the rounds; CPU per call is everything measured (serve + PostgreSQL)."""
+    rows = [
+        {
+            "p50_ms": r["c1"]["p50_ms"],
+            "p99_ms": r["c1"]["p99_ms"],
+            "calls_per_s": r["wide"]["calls_per_s"],
+            "cpu_ms_per_call": sum(r["wide"]["cpu_ms_per_call"].values()),
+        }
+        for r in rounds
+    ]
+    return {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+
+
+def reason(exc: BaseException) -> str:
+    """The innermost errors' messages (anyio wraps a failed call in exception groups)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(reason(e) for e in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def peer_group(
+    upstream_url: str, scratch: Path, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes,
+    rounds: int,
+) -> dict[str, Any]:  # fmt: skip
+    """toolrelay's MCP door and ContextForge's in alternating rounds; medians and the goal."""
+    out: dict[str, Any] = {"name": f"{contextforge.NAME} (MCP)", "load_before": loadavg()}
+    runs: dict[str, list[dict[str, Any]]] = {"toolrelay": [], "contextforge": []}
+    try:
+        with contextforge.running(upstream_url, free_port(), scratch, sizes[2] + 1) as peer:
+            tree = TreeCpu(peer.pid)
+            for _ in range(rounds):
+                runs["toolrelay"].append(phase("mcp", base, tokens, cpu, sizes))
+                runs["contextforge"].append(
+                    phase("mcp", peer.base, peer.tokens, tree, sizes, peer.tool)
+                )
+    except contextforge.Unavailable as exc:
+        return out | {"skipped": str(exc)}
+    except Exception as exc:  # a failed start, an error or a wrong answer: the run fails
+        return out | {"failed": reason(exc), "rounds": runs}
+    tr, cf = summary(runs["toolrelay"]), summary(runs["contextforge"])
+    ratios = {
+        "calls_per_s": tr["calls_per_s"] / cf["calls_per_s"],
+        "p50_ms": cf["p50_ms"] / tr["p50_ms"],
+    }
+    return out | {
+        "rounds": runs, "toolrelay": tr, "contextforge": cf, "ratios": ratios,
+        "goals": {k: ratios[k] >= PEER_GOALS[k] for k in PEER_GOALS}, "load_after": loadavg(),
+        "versions": {"contextforge": contextforge.VERSION, "mcp client": version("mcp")},
+    }  # fmt: skip
+
+
+def print_peer(peer: dict[str, Any]) -> None:
+    if "skipped" in peer:
+        print(f"{peer['name']}: SKIPPED, {peer['skipped']}")
+        return
+    if "failed" in peer:
+        print(f"{peer['name']}: FAILED, {peer['failed']}")
+        return
+    print(f"\n{'MCP, medians of ' + str(len(peer['rounds']['toolrelay'])) + ' rounds':27}"
+          f" {'p50 ms':>8} {'p99 ms':>8} {'16 sessions calls/s':>20} {'cpu ms/call':>12}")  # fmt: skip
+    for label, key in (("toolrelay", "toolrelay"), (peer["name"], "contextforge")):
+        r = peer[key]
+        print(f"{label:27} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['calls_per_s']:20.0f}"
+              f" {r['cpu_ms_per_call']:12.2f}")  # fmt: skip
+    ratios, goals = peer["ratios"], peer["goals"]
+    print(
+        f"peer goal: calls/s x{ratios['calls_per_s']:.1f} (>= x10:"
+        f" {'met' if goals['calls_per_s'] else 'MISSED'}), p50 1/{ratios['p50_ms']:.1f}"
+        f" (<= 1/10: {'met' if goals['p50_ms'] else 'MISSED'});"
+        f" load {peer['load_before']} / {peer['load_after']}"
+    )
+
+
 # --- the run -------------------------------------------------------------------------------
 
 
@@ -305,7 +419,7 @@ def agent_tokens(url: str, owner: Any, agent_id: Any, count: int) -> list[str]:
     return made
 
 
-def main(quick: bool, src: str | None = None) -> dict[str, Any]:
+def main(quick: bool, src: str | None = None, peer: bool = True) -> dict[str, Any]:
     sizes: Sizes = QUICK if quick else (CALLS, WARMUP, SESSIONS, SECONDS, CLIENT_PROCESSES)
     scratch = Path(tempfile.mkdtemp(prefix="toolrelay-agent-path-"))
     scratch.chmod(0o755)  # an embedded server runs as its own user
@@ -334,6 +448,9 @@ def main(quick: bool, src: str | None = None) -> dict[str, Any]:
         results["doors"] = {door: phase(door, base, tokens, cpu, sizes) for door in ("mcp", "api")}
         for r in results["doors"].values():
             r["goals"] = verdicts(r)
+        if peer:
+            rounds = QUICK_PEER_ROUNDS if quick else PEER_ROUNDS
+            results["peer"] = peer_group(upstream.url, scratch, base, tokens, cpu, sizes, rounds)
         results["load_after"] = loadavg()
         results["goals"] = GOALS
         return results
@@ -353,9 +470,12 @@ if __name__ == "__main__":
     else:
         args = sys.argv[1:]
         source = args[args.index("--src") + 1] if "--src" in args else None
-        out = main("--quick" in args, source)
+        out = main("--quick" in args, source, "--no-peer" not in args)
         print_table(out)
+        if "peer" in out:
+            print_peer(out["peer"])
         path = OUT_PATH if source is None else OUT_PATH.with_name("agent-path-baseline.json")
         OUT_DIR.mkdir(exist_ok=True)
         path.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {path}")
+        sys.exit(1 if "failed" in out.get("peer", {}) else 0)

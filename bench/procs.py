@@ -40,6 +40,7 @@ class Child:
         env: Mapping[str, str],
         log_path: Path,
         capture_stdout: bool = False,
+        cwd: Path = REPO_DIR,
     ) -> None:
         self.name = name
         self.log_path = log_path
@@ -47,7 +48,7 @@ class Child:
         self.popen = subprocess.Popen(
             list(argv),
             env=dict(env),
-            cwd=REPO_DIR,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture_stdout else self._log,
             stderr=self._log,
