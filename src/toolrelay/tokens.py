@@ -23,7 +23,7 @@ import jwt
 import psycopg
 
 from toolrelay.db import Database, translate_db_error
-from toolrelay.db.connect import Row
+from toolrelay.db.connect import DISPATCHER, Row
 from toolrelay.errors import ConfigurationError, NotFound, ToolrelayError
 
 __all__ = [
@@ -45,6 +45,7 @@ JWT_MIN_SECRET_CHARS = 32
 JWT_LEEWAY = 30  # seconds of clock skew tolerated on exp / nbf
 JWT_ROLE = "authenticated"  # Supabase's role for signed-in users; service_role JWTs are refused
 
+_AUTHENTICATE = "SELECT token_id, owner, agent_id FROM agents.authenticate_token(%(hash)s)"
 _INFO = "id, owner, agent_id, name, created_at, last_used_at, expires_at, revoked_at"
 
 
@@ -148,16 +149,15 @@ class TokenStore:
 
     def lookup(self, token: str) -> Caller | None:
         """The caller a live token stands for; None when unknown, revoked or expired."""
+        query = (_AUTHENTICATE, {"hash": hash_token(token)})
         try:
-            with self._db.as_dispatcher() as conn:
-                row = conn.execute(
-                    "SELECT token_id, owner, agent_id FROM agents.authenticate_token(%s)",
-                    (hash_token(token),),
-                ).fetchone()
+            with self._db.trips() as trips:  # one round trip, on every request
+                [rows] = trips.run(DISPATCHER, [query])
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
-        if row is None:
+        if not rows:
             return None
+        row = rows[0]
         return Caller(owner=row["owner"], agent_id=row["agent_id"], token_id=row["token_id"])
 
     @contextmanager

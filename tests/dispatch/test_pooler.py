@@ -14,10 +14,13 @@ from tests.dispatch import pgbouncer
 from tests.dispatch.conftest import LOOPBACK_ONLY
 from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import agent_with_tool
+from toolrelay import errors
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
 from toolrelay.db import Database
+from toolrelay.db.connect import owner_identity
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.registry import Registry, ToolSpec
+from toolrelay.tokens import TokenStore
 
 RUN_TIMEOUT = 60.0  # seconds
 
@@ -103,3 +106,33 @@ async def test_retries_and_recovery_through_the_pooler(pooled_url: str, upstream
     got = registry.get_invocation(lost)
     assert (got["status"], got["error_code"]) == ("failed", "outcome_unknown")
     assert upstream.hits["/w"] == 0
+
+
+def test_one_trip_transactions_through_the_pooler(pooled_url: str) -> None:
+    """Database.trips sends BEGIN ... COMMIT as one string: the agent's path works through
+    transaction pooling, and a failed trip leaves no identity or open transaction behind."""
+    db = Database(pooled_url)
+    try:
+        owner = Registry(db, uuid.uuid4())
+        agent, tool = agent_with_tool(owner)
+        agent_id = owner.get_agent(agent)["id"]
+        token = TokenStore(db).create(owner.owner, agent_id, name="pooled")[1]
+        caller = TokenStore(db).lookup(token)
+        assert caller is not None and caller.agent_id == agent_id
+        as_agent = Registry(db, owner.owner, agent_id=agent_id)
+        made = as_agent.call(tool["key"], {"text": "pooled"})
+        assert made.invocation_id is not None
+        assert as_agent.get_invocation(made.invocation_id, agent=str(agent_id))["status"]
+        with pytest.raises(errors.InvalidInput):
+            as_agent.call(tool["key"], {"text": 1})
+        with db.trips() as trips, pytest.raises(psycopg.errors.DivisionByZero):
+            trips.run(owner_identity(owner.owner, agent_id), [("SELECT 1 / %(z)s", {"z": 0})])
+        for _ in range(4):  # both server connections: plain again
+            with psycopg.connect(pooled_url, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT current_user, current_setting('request.jwt.claims', true)"
+                ).fetchone()
+            assert row is not None and row[0] != "authenticated" and not row[1]
+        assert len(owner.list_invocations()) == 1
+    finally:
+        db.close()

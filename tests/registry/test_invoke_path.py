@@ -1,4 +1,5 @@
-"""Registry.invoke's path: four round trips, and every refusal as clear as before."""
+"""The agent's path in round trips (Registry.invoke and .call, get_invocation, a token's
+lookup), every refusal as clear as before, and a failed trip leaving nothing behind."""
 
 from __future__ import annotations
 
@@ -6,16 +7,19 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.registry.helpers import add_tool, agent_with_tool
 from toolrelay import errors
 from toolrelay.db import Database
+from toolrelay.db.connect import owner_identity
 from toolrelay.registry import Registry
+from toolrelay.tokens import TokenStore
 
-# BEGIN (psycopg syncs after it, even in a pipeline); the identity and the lookup
-# (agents.invoke_target) pipelined; fn_invoke_tool; COMMIT. Before: six, one per statement.
-MAX_ROUND_TRIPS = 4
+# The lookup (agents.invoke_target), then fn_invoke_tool, each a whole transaction sent as
+# one string (Database.trips). Before: six, one per statement; then four, pipelined.
+MAX_ROUND_TRIPS = 2
 
 
 def round_trips(db: Database, call: object) -> int:
@@ -39,7 +43,7 @@ def _waits(line: str) -> bool:
     return kind in ("Sync", "Query")
 
 
-def test_invoke_takes_four_round_trips(database_url: str) -> None:
+def test_invoke_takes_two_round_trips(database_url: str) -> None:
     db = Database(database_url, pool_size=1)  # one connection: the one traced
     try:
         registry = Registry(db, uuid.uuid4())
@@ -51,6 +55,61 @@ def test_invoke_takes_four_round_trips(database_url: str) -> None:
         as_agent = Registry(db, registry.owner, agent_id=agent_id)
         by_ids = round_trips(db, lambda: as_agent.invoke(agent_id, str(tool["id"]), {}))
         assert by_ids == MAX_ROUND_TRIPS
+        # The MCP door: the tool by key with its stamp, then the insert.
+        called = []
+        assert round_trips(db, lambda: called.append(as_agent.call(tool["key"], {}))) == 2
+        # Reading it back, as the waiting agent does: one.
+        ident = called[0].invocation_id
+        assert round_trips(db, lambda: as_agent.get_invocation(ident, agent=agent_id)) == 1
+        assert round_trips(db, lambda: registry.get_invocation(ident)) == 1  # with attempts
+        # And the token behind every request: one.
+        owner_token = TokenStore(db).create(registry.owner, None, name="t")[1]
+        assert round_trips(db, lambda: TokenStore(db).lookup(owner_token)) == 1
+    finally:
+        db.close()
+
+
+def test_call_finds_only_what_the_agent_may_call(registry: Registry) -> None:
+    agent, tool = agent_with_tool(registry)
+    denied = add_tool(registry, key="echo.denied")
+    registry.assign(agent, denied["key"], allowed=False)
+    unassigned = add_tool(registry, key="echo.unassigned")
+    agent_id = registry.get_agent(agent)["id"]
+    as_agent = Registry(registry.db, registry.owner, agent_id=agent_id)
+    made = as_agent.call(tool["key"], {"text": "hi"})
+    assert made.tool is not None and made.tool["tool_key"] == tool["key"]
+    assert made.invocation_id is not None
+    for key in (denied["key"], unassigned["key"], "no.such.tool"):
+        refused = as_agent.call(key, {})
+        assert (refused.tool, refused.invocation_id) == (None, None)
+        assert refused.stamp == made.stamp  # the same tools, the same stamp
+    registry.set_tool_status(tool["key"], "disabled")
+    gone = as_agent.call(tool["key"], {"text": "hi"})
+    assert gone.tool is None and gone.stamp != made.stamp
+    registry.set_tool_status(tool["key"], "active")
+    with pytest.raises(errors.InvalidInput):
+        as_agent.call(tool["key"], {"text": 5})
+    assert len(registry.list_invocations()) == 1  # nothing else was recorded
+
+
+def test_a_failed_trip_rolls_back_and_the_connection_is_reused(database_url: str) -> None:
+    db = Database(database_url, pool_size=1)
+    try:
+        registry = Registry(db, uuid.uuid4())
+        agent, tool = agent_with_tool(registry)
+        agent_id = registry.get_agent(agent)["id"]
+        identity = owner_identity(registry.owner, agent_id)
+        insert = (
+            "SELECT fn_invoke_tool(%(agent)s, %(tool)s, '{}'::jsonb, NULL) AS id",
+            {"agent": agent_id, "tool": tool["id"]},
+        )
+        with db.trips() as trips, pytest.raises(psycopg.errors.DivisionByZero):
+            trips.run(identity, [insert, ("SELECT 1 / %(zero)s", {"zero": 0})])
+        assert registry.list_invocations() == []  # the insert before the failure is gone
+        # The one pooled connection is idle again, not stuck in a failed transaction.
+        as_agent = Registry(db, registry.owner, agent_id=agent_id)
+        assert as_agent.call(tool["key"], {"text": "after"}).invocation_id is not None
+        assert len(registry.list_invocations()) == 1
     finally:
         db.close()
 
@@ -85,3 +144,24 @@ def test_an_agent_identity_cannot_tell_unassigned_from_missing(registry: Registr
     registry.create_agent("other-bot")
     with pytest.raises(errors.NotFound, match="^agent other-bot not found$"):
         as_agent.invoke("other-bot", tool["key"], {})
+
+
+def test_a_pooled_connection_that_died_is_replaced_on_the_first_trip(
+    database_url: str,
+) -> None:
+    db = Database(database_url, pool_size=1)
+    try:
+        registry = Registry(db, uuid.uuid4())
+        agent, tool = agent_with_tool(registry)
+        made = registry.invoke(agent, tool["key"], {"text": "x"})
+        pool = db._get_pool()
+        conn = pool.getconn()
+        pid = conn.info.backend_pid
+        pool.putconn(conn)
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # The lookup trip fails on the dead connection before anything ran: tried again.
+        assert registry.get_invocation(made)["id"] == made
+        assert registry.invoke(agent, tool["key"], {"text": "y"})
+    finally:
+        db.close()

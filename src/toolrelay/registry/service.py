@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -17,7 +18,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
-from toolrelay.db.connect import Query, Row
+from toolrelay.db.connect import Query, Row, owner_identity
 from toolrelay.dispatch.executor import build_request
 from toolrelay.dispatch.executor import request_digest as rendered_digest
 from toolrelay.errors import (
@@ -75,6 +76,17 @@ SELECT i.id, i.input, t.key AS tool_key, t.endpoint_url, t.http_method, t.reques
 """
 
 
+@dataclass(frozen=True)
+class Called:
+    """What ``Registry.call`` made: the tool as the agent may call it (tool_id, tool_key,
+    schema_input, schema_output, gated) and the new invocation, both None when the agent
+    may not call it; and the stamp of the agent's tools."""
+
+    tool: Row | None
+    invocation_id: UUID | None
+    stamp: str
+
+
 def _digest_of(row: Mapping[str, Any]) -> str | None:
     """The digest of the request the call renders now; None when it cannot render (the
     dispatcher then fails it before sending)."""
@@ -90,8 +102,25 @@ _ATTEMPTS = (
     "SELECT attempt, worker, started_at, finished_at, status_code, duration_ms, error_code,"
     " error, request_method, request_url, request_headers, request_body_bytes,"
     " request_body_sha256 FROM agents.tool_invocation_attempts"
-    " WHERE invocation_id = %s ORDER BY attempt, id"
+    " WHERE invocation_id = %(id)s ORDER BY attempt, id"
 )
+
+# One invocation, for its owner or (with agent) only that agent's; retried_by is the other
+# direction of retry_of (at most one retry per call).
+_ONE_INVOCATION = (
+    "SELECT i.*, coalesce(t.key, i.deleted_tool_key) AS tool_key,"
+    " coalesce(a.name, i.deleted_agent_name) AS agent_name,"
+    " (SELECT r.id FROM agents.tool_invocations r WHERE r.retry_of = i.id LIMIT 1) AS retried_by"
+    " FROM agents.tool_invocations i"
+    " LEFT JOIN agents.tools_registry t ON t.id = i.tool_id"
+    " LEFT JOIN agents.agents a ON a.id = i.agent_id"
+    " WHERE i.id = %(id)s"
+    " AND (%(agent)s::text IS NULL OR i.agent_id = %(agent_id)s"
+    "      OR (%(agent_id)s::uuid IS NULL AND a.name = %(agent)s))"
+)
+
+# An agent's tool by key and the stamp of its tools (migration 0019).
+_CALL_TARGET = "SELECT * FROM agents.agent_call_target(%(agent)s, %(key)s)"
 
 REGISTER_SQL = """
 SELECT (fn_register_tool(
@@ -296,12 +325,12 @@ class Registry:
             raise InvalidInput(f"input must be a JSON object, got {kind}")
         payload = dict(input or {})
         assigned = self.agent_id is not None
+        identity = owner_identity(self.owner, self.agent_id)
         try:
-            # Four round trips (six before): BEGIN; identity and lookup; insert; COMMIT.
-            with self.db.as_owner_reading(
-                self.owner, self.agent_id, _invoke_lookup(agent, tool, assigned)
-            ) as (conn, found):
-                assert found is not None  # one row, whatever matched
+            # Two round trips (six at first): the lookup, then the insert, each a whole
+            # transaction sent at once (Database.trips).
+            with self.db.trips() as trips:
+                [[found]] = trips.run(identity, [_invoke_lookup(agent, tool, assigned)])
                 if found["agent_id"] is None:
                     raise NotFound(f"agent {agent} not found")
                 if found["tool_id"] is None:
@@ -313,14 +342,49 @@ class Registry:
                     # read that as left out where the tool's schema does not allow null.
                     payload = from_strict_call(found["schema_input"], payload)
                 validate_input(found["schema_input"], payload)
-                row = conn.execute(
-                    "SELECT fn_invoke_tool(%s, %s, %s, %s) AS id",
-                    (found["agent_id"], found["tool_id"], Jsonb(payload), run_id),
-                ).fetchone()
+                [[row]] = trips.run(
+                    identity, [_insert_call(found["agent_id"], found["tool_id"], payload, run_id)]
+                )
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
-        assert row is not None
         return UUID(str(row["id"]))
+
+    def call(self, key: str, input: Mapping[str, Any] | None = None) -> Called:
+        """An agent's call by tool key, as this registry's agent: the tool as the agent may
+        call it and the invocation made, or neither when it may not call it (unassigned,
+        denied, disabled and unknown look the same); with the stamp of the agent's tools
+        either way (mcp/changes.py). Two round trips: the lookup, then the insert."""
+        if self.agent_id is None:
+            raise InvalidArgument("Registry.call acts as an agent: give the agent_id")
+        if input is not None and not isinstance(input, Mapping):
+            raise InvalidInput(f"input must be a JSON object, got {type(input).__name__}")
+        identity = owner_identity(self.owner, self.agent_id)
+        lookup = (_CALL_TARGET, {"agent": self.agent_id, "key": key})
+        try:
+            with self.db.trips() as trips:
+                [[target]] = trips.run(identity, [lookup])
+                if target["tool_id"] is None:
+                    return Called(None, None, target["stamp"])
+                payload = from_strict_call(target["schema_input"], dict(input or {}))
+                validate_input(target["schema_input"], payload)
+                [[row]] = trips.run(
+                    identity, [_insert_call(self.agent_id, target["tool_id"], payload, None)]
+                )
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+        return Called(target, UUID(str(row["id"])), target["stamp"])
+
+    def tools_stamp(self) -> str:
+        """The stamp of the tools this registry's agent may call now (see ``call``)."""
+        if self.agent_id is None:
+            raise InvalidArgument("Registry.tools_stamp acts as an agent: give the agent_id")
+        query = ("SELECT agents.agent_tools_stamp(%(agent)s) AS stamp", {"agent": self.agent_id})
+        try:
+            with self.db.trips() as trips:
+                [[row]] = trips.run(owner_identity(self.owner, self.agent_id), [query])
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+        return str(row["stamp"])
 
     def approve(self, invocation_id: UUID | str, request_digest: str | None = None) -> str | None:
         """Approve the request the call renders now, bound by its digest (SPEC §3).
@@ -419,13 +483,18 @@ class Registry:
     def attempts_of(self, invocation_id: UUID | str) -> list[Row]:
         """What an agent may see of a call's attempts (its owner reads them): number,
         times, status code and error code — no egress detail, no request sent."""
-        with self._tx() as conn:
-            return conn.execute(
-                "SELECT attempt, started_at, finished_at, status_code, duration_ms, error_code"
-                " FROM agents.tool_invocation_attempts WHERE invocation_id = %s"
-                " ORDER BY attempt, id",
-                (str(invocation_id),),
-            ).fetchall()
+        query = (
+            "SELECT attempt, started_at, finished_at, status_code, duration_ms, error_code"
+            " FROM agents.tool_invocation_attempts WHERE invocation_id = %(id)s"
+            " ORDER BY attempt, id",
+            {"id": str(invocation_id)},
+        )
+        try:
+            with self.db.trips() as trips:  # one round trip
+                [rows] = trips.run(owner_identity(self.owner, self.agent_id), [query])
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+        return rows
 
     def get_invocation(self, invocation_id: UUID | str, *, agent: str | None = None) -> Row:
         """One invocation with its attempt history under ``attempts``.
@@ -436,26 +505,22 @@ class Registry:
         if ident is None:
             raise InvalidArgument(f"not an invocation id: {invocation_id!r}")
         agent_id = _as_uuid(agent or "")
-        with self._tx() as conn:
-            row = conn.execute(
-                _INVOCATIONS + " WHERE i.id = %(id)s"
-                " AND (%(agent)s::text IS NULL OR i.agent_id = %(agent_id)s"
-                "      OR (%(agent_id)s::uuid IS NULL AND a.name = %(agent)s))",
-                {"id": ident, "agent": agent, "agent_id": agent_id},
-            ).fetchone()
-            if row is None:
-                raise NotFound(f"invocation {invocation_id} not found")
-            # Attempts are the owner's rows (RLS, migration 0015): an agent's read of them
-            # would come back empty, so it is not made (the wait paths read here per wake).
-            row["attempts"] = []
-            if self.agent_id is None:
-                row["attempts"] = conn.execute(_ATTEMPTS, (ident,)).fetchall()
-            # the other direction of retry_of (at most one retry per call)
-            retried = conn.execute(
-                "SELECT id FROM agents.tool_invocations WHERE retry_of = %s", (ident,)
-            ).fetchone()
-            row["retried_by"] = retried["id"] if retried else None
-            return row
+        params = {"id": ident, "agent": agent, "agent_id": agent_id}
+        queries: list[Query] = [(_ONE_INVOCATION, params)]
+        # Attempts are the owner's rows (RLS, migration 0015): an agent's read of them would
+        # come back empty, so it is not made (the wait paths read here per wake).
+        if self.agent_id is None:
+            queries.append((_ATTEMPTS, params))
+        try:
+            with self.db.trips() as trips:  # one round trip
+                found, *attempts = trips.run(owner_identity(self.owner, self.agent_id), queries)
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+        if not found:
+            raise NotFound(f"invocation {invocation_id} not found")
+        row = found[0]
+        row["attempts"] = attempts[0] if attempts else []
+        return row
 
 
 def _find(
@@ -490,6 +555,11 @@ def _invoke_lookup(agent: str, tool: str, assigned: bool) -> Query:
     return sql, params
 
 
+def _insert_call(agent_id: Any, tool_id: Any, payload: Any, run_id: UUID | None) -> Query:
+    sql = "SELECT fn_invoke_tool(%(agent)s, %(tool)s, %(input)s, %(run)s) AS id"
+    return sql, {"agent": agent_id, "tool": tool_id, "input": Jsonb(payload), "run": run_id}
+
+
 def _as_uuid(value: str) -> UUID | None:
     try:
         return UUID(value)
@@ -502,4 +572,4 @@ def dumps(value: Any) -> str:
     return json.dumps(value, default=str, indent=2, sort_keys=True)
 
 
-__all__ = ["Registry", "ToolSpec", "ToolrelayError", "dumps"]
+__all__ = ["Called", "Registry", "ToolSpec", "ToolrelayError", "dumps"]
