@@ -85,12 +85,12 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     )
     app.state.toolrelay = context
     errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(operations.AccessLog)  # outermost: one JSON line per request
     app.include_router(owner_routes.router)
     app.include_router(agent_routes.router)
     app.include_router(approvals.router)
-    mount_mcp(app)  # MCP over streamable HTTP at /mcp (docs/mcp.md)
+    mount_mcp(app)  # MCP over streamable HTTP at /mcp (docs/mcp.md); its middleware first
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(operations.AccessLog)  # outermost: one JSON line per request
     # Prometheus text; no token, loopback only unless TOOLRELAY_METRICS_ALLOW (docs/operations.md)
     operations.install(app, context.db, lambda: running[0] if running else None)
 

@@ -1,18 +1,16 @@
 """``notifications/tools/list_changed``: a version stamp of the agent's tools, checked on
 the reads each request already makes.
 
-Why a stamp and not LISTEN: tools/call loads the agent's tool rows anyway, so comparing a
-digest of (key, updated_at, gated) with the one this session last saw costs no query and
-no migration (a LISTEN channel needs triggers on tools and assignments, and a listener per
-process fanning out to sessions). The price: a change is announced on the session's next
+Why a stamp and not LISTEN: tools/call's lookup (``agents.agent_call_target``) returns a
+digest of the agent's tools (key, updated_at, gated), so comparing it with the one this
+session last saw costs no query (a LISTEN channel needs triggers on tools and
+assignments, and a listener per process fanning out to sessions). The price: a change is announced on the session's next
 request, not the moment it happens. Handshake-era sessions only: from 2026-07-28 change
 notifications travel on ``subscriptions/listen`` streams, which toolrelay does not serve.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Mapping
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -20,15 +18,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-__all__ = ["ListWatch", "stamp"]
-
-
-def stamp(rows: Iterable[Mapping[str, Any]]) -> str:
-    """A digest that changes when a tool is added, removed, edited or (un)gated."""
-    digest = hashlib.sha256()
-    for row in sorted(rows, key=lambda r: str(r["key"])):
-        digest.update(f"{row['key']}|{row.get('updated_at')}|{row.get('gated')}\n".encode())
-    return digest.hexdigest()
+__all__ = ["ListWatch"]
 
 
 class ListWatch:
@@ -38,17 +28,16 @@ class ListWatch:
         self._seen: WeakKeyDictionary[Any, str] = WeakKeyDictionary()
 
     async def seen(
-        self, ctx: ServerRequestContext[Any, Any], rows: Iterable[Mapping[str, Any]], *,
-        notify: bool = True,
-    ) -> None:  # fmt: skip
-        """Record the tools this request saw; if they changed since the session's last
-        request (and ``notify``: not for tools/list, which answers the new list), say so."""
+        self, ctx: ServerRequestContext[Any, Any], current: str, *, notify: bool = True
+    ) -> None:
+        """Record the stamp of the tools this request saw (``agents.agent_tools_stamp``,
+        migration 0019); if it changed since the session's last request (and ``notify``:
+        not for tools/list, which answers the new list), say so."""
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return
         # ServerSession is made per request; the connection it wraps is the MCP session
         # (the SDK exposes no public accessor for it).
         session = getattr(ctx.session, "_connection", ctx.session)
-        current = stamp(rows)
         previous = self._seen.get(session)
         self._seen[session] = current
         if notify and previous is not None and previous != current:

@@ -46,8 +46,6 @@ from toolrelay.dispatch.outcomes import Outcomes
 from toolrelay.errors import (
     ConfigurationError,
     InvalidArgument,
-    NotAssigned,
-    NotFound,
     PermissionDenied,
     ToolrelayError,
 )
@@ -435,6 +433,10 @@ async def _protocol_error(func: Callable[..., T], *args: Any) -> T:
         raise MCPError(INTERNAL_ERROR, f"toolrelay: {message}") from None
 
 
+def _tools_and_stamp(registry: Registry, agent: str) -> tuple[list[Row], str]:
+    return registry.agent_tools(agent), registry.tools_stamp()
+
+
 def unknown_tool(name: str) -> MCPError:
     return MCPError(INVALID_PARAMS, f"Unknown tool: {name}")
 
@@ -461,13 +463,13 @@ class _Handlers:
         cursor = params.cursor if params is not None else None
         after_key(cursor)  # a bad cursor is refused before any database work
         registry, agent = await self._registry(ctx)
-        rows = await _protocol_error(registry.agent_tools, agent)
+        rows, stamp = await _protocol_error(_tools_and_stamp, registry, agent)
         # Sorted here, not by the database's collation: the cursor compares keys in Python.
         tools = sorted(
             (*(mcp_tool(row) for row in rows if row["key"] != STATUS_TOOL), status_tool()),
             key=lambda tool: tool.name,
         )
-        await self.watch.seen(ctx, rows, notify=False)
+        await self.watch.seen(ctx, stamp, notify=False)
         taken, next_cursor = page(tools, cursor)
         return types.ListToolsResult(
             tools=taken, next_cursor=next_cursor, ttl_ms=0, cache_scope="private"
@@ -480,19 +482,20 @@ class _Handlers:
         arguments = dict(params.arguments or {})
         if params.name == STATUS_TOOL:
             return await self._status(registry, agent, arguments)
-        rows = await _protocol_error(registry.agent_tools, agent)
-        await self.watch.seen(ctx, rows)
-        name = key_for(params.name, (r["key"] for r in rows)) or params.name  # an exported name
-        row = next((r for r in rows if r["key"] == name), None)
-        if row is None:  # unassigned, denied, disabled or unknown: all look the same
-            raise unknown_tool(params.name)
         mark = self.outcomes.mark()  # before the call: its first read may be skipped
         try:
-            invocation_id = await _run(registry.invoke, agent, name, arguments)
-        except (NotAssigned, NotFound):
-            raise unknown_tool(params.name) from None
-        except ToolrelayError as exc:  # invalid_input, tool_inactive, no_endpoint, ...
+            called = await _run(registry.call, params.name, arguments)
+            if called.tool is None:  # perhaps a name exported for another client (names.py)
+                rows = await _run(registry.agent_tools, agent)
+                key = key_for(params.name, (r["key"] for r in rows))
+                if key is not None and key != params.name:
+                    called = await _run(registry.call, key, arguments)
+        except ToolrelayError as exc:  # invalid_input, the database is down, ...
             return error_result(exc.code, exc.message)
+        await self.watch.seen(ctx, called.stamp)
+        if called.tool is None or called.invocation_id is None:
+            raise unknown_tool(params.name)  # unassigned, denied, disabled or unknown
+        row, invocation_id = called.tool, called.invocation_id
         started = time.monotonic()
         try:
             invocation = await self._wait(
