@@ -115,6 +115,33 @@ def test_read_tool_runs_at_once_and_reject_keeps_a_write_from_being_sent(
     assert error_of(again) == (409, "invalid_state")
 
 
+def test_invoke_with_wait_answers_with_the_outcome_in_one_request(
+    world: World, upstream: Upstream
+) -> None:
+    response = world.bot.post(
+        "/v1/agent/invocations", params={"wait": 30}, json={"tool": "notes.list", "input": {}}
+    )
+    assert response.status_code == 202, response.text
+    done = response.json()
+    assert done["status"] == "completed", done  # without ?wait it may still be running
+    assert response.headers["Location"] == f"/v1/agent/invocations/{done['id']}"
+    assert upstream.by_invocation[done["id"]] == 1
+    # A gated call answers 'pending' at once: the wait is for the dispatcher, not a human
+    # (a 30 s wait on the decision would outlast this client's 10 s timeout).
+    gated = world.bot.post(
+        "/v1/agent/invocations",
+        params={"wait": 30},
+        json={"tool": "notes.create", "input": {"text": "later"}},
+        timeout=10.0,
+    ).json()
+    assert (gated["status"], gated["approval_status"]) == ("pending", "pending")
+    bad = world.bot.post(
+        "/v1/agent/invocations", params={"wait": -1}, json={"tool": "notes.list", "input": {}}
+    )
+    assert bad.status_code == 422
+    assert len(world.alice.get("/v1/invocations").json()["items"]) == 2  # not the refused one
+
+
 # --- what an agent may and may not do ---------------------------------------------------------
 
 

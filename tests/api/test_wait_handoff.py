@@ -64,3 +64,34 @@ def test_the_in_process_worker_wakes_the_waiter_without_notify(
     assert gate.answered_at is not None
     assert time.monotonic() - gate.answered_at < WAKE_LIMIT
     assert body["status"] == "completed", body
+
+
+def test_invoke_with_wait_holds_the_answer_until_the_outcome(
+    make_owner: Any, upstream: Upstream, api: str
+) -> None:
+    """POST ?wait: the call's answer is its outcome, in one request (the upstream is held,
+    and the POST has not answered while it is)."""
+    owner, gate = make_owner(), Gate()
+    path = f"/held/{uuid.uuid4().hex}"
+    upstream.routes[path] = gate.handler
+    tool = {"name": "read", "endpoint_url": f"{upstream.base_url}{path}", "http_method": "GET",
+            "egress_class": "read_only"}  # fmt: skip
+    assert owner.put("/v1/tools/read", json=tool).status_code == 200
+    bot = agent_client(api, owner, "bot")
+    assert owner.put("/v1/assignments/bot/read").status_code == 200
+    call = {"tool": "read", "input": {}}
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(
+                lambda: bot.post("/v1/agent/invocations", params={"wait": 10}, json=call)
+            )
+            assert until(lambda: any(s.path == path for s in upstream.seen))
+            assert not future.done()  # held with the upstream
+            gate.open()
+            response = future.result()
+    finally:
+        gate.open()
+    assert response.status_code == 202, response.text
+    assert response.json()["status"] == "completed", response.json()
+    assert gate.answered_at is not None
+    assert time.monotonic() - gate.answered_at < WAKE_LIMIT

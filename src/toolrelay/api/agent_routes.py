@@ -64,14 +64,31 @@ def tools(context: Ctx, caller: Agent) -> s.AgentToolList:
     operation_id="createAgentInvocation",
     responses=error_responses(*SPLIT, *BODY, 404, 409),
     status_code=status.HTTP_202_ACCEPTED,
-    summary="Invoke a tool; a call that needs approval stays pending until an owner decides",
+    summary="Invoke a tool; ?wait=N answers with its outcome (or 'pending': awaiting a human)",
 )
-def invoke(body: s.InvokeIn, context: Ctx, caller: Agent, response: Response) -> s.InvocationOut:
+async def invoke(
+    body: s.InvokeIn,
+    request: Request,
+    context: Ctx,
+    caller: Agent,
+    response: Response,
+    wait: Wait = 0,
+) -> s.InvocationOut:
     registry = context.registry(caller)
-    tool = _tool_key(registry, _me(caller), body.tool)
-    invocation_id = registry.invoke(_me(caller), tool, body.input, body.run_id)
+    mark = context.outcomes.mark()  # before the call: its first read may be skipped
+    invocation_id = await run_in_threadpool(_invoke, registry, _me(caller), body)
     response.headers["Location"] = f"/v1/agent/invocations/{invocation_id}"
-    return s.InvocationOut.model_validate(registry.get_invocation(invocation_id, agent=_me(caller)))
+    # One request instead of POST + GET ?wait: settled once finished or awaiting approval
+    # (GET ?wait waits on the decision).
+    row = await wait_for_invocation(
+        request, registry, invocation_id, wait, agent=_me(caller), stop_at_pending=True,
+        unread_since=mark,
+    )  # fmt: skip
+    return s.InvocationOut.model_validate(row)
+
+
+def _invoke(registry: Registry, me: str, body: s.InvokeIn) -> UUID:
+    return registry.invoke(me, _tool_key(registry, me, body.tool), body.input, body.run_id)
 
 
 @router.get(

@@ -33,16 +33,27 @@ Wait = Annotated[
 
 
 async def wait_for_invocation(
-    request: Request, registry: Registry, invocation_id: UUID, wait: float, agent: str | None
+    request: Request,
+    registry: Registry,
+    invocation_id: UUID,
+    wait: float,
+    agent: str | None,
+    *,
+    stop_at_pending: bool = False,
+    unread_since: int | None = None,
 ) -> Row:
-    """The invocation, once finished or when ``wait`` seconds (capped) have passed.
+    """The invocation, once finished (or, ``stop_at_pending``, awaiting a decision) or when
+    ``wait`` seconds (capped) have passed; ``unread_since``: Outcomes.mark() taken before
+    the call was made.
 
     Woken by the outcome's NOTIFY (toolrelay.dispatch.outcomes), not by a fixed poll."""
     read = partial(run_in_threadpool, registry.get_invocation, invocation_id, agent=agent)
+    settled = FINISHED | {"pending"} if stop_at_pending else FINISHED
     return await get_context(request).outcomes.wait_for(
         invocation_id,
         read,
-        lambda row: row["status"] in FINISHED,
+        lambda row: row["status"] in settled,
         min(wait, MAX_WAIT),
         gone=request.is_disconnected,
+        unread_since=unread_since,
     )
