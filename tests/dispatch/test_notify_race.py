@@ -1,17 +1,24 @@
-"""Calls notify only sleeping workers (migration 0016), and no wake-up is lost on the way.
+"""Calls notify only sleeping workers (migrations 0016, 0018), and no wake-up is lost.
 
 The race: a call looks for sleepers (none), a worker registers, claims once more (the call
-is not committed yet) and waits; the call commits without notifying. Each test drives the
-interleaving with explicit transactions on separate connections, in its own database, and
-no worker runs: only a notification or the worker's own claim can find the call, never the
-poll.
+is not committed yet) and waits; the call commits without notifying. Each race test drives
+the interleaving with explicit transactions on separate connections, in its own database,
+and no worker runs: only a notification or the worker's own claim can find the call, never
+the poll. Both ways of going to sleep are raced: 0016's fn_dispatch_sleep and 0018's
+fn_dispatch_try_sleep (the worker's, with a lock timeout), each against its lockless version.
+
+The end-to-end tests run the real worker with a 30 s poll: a call it was not woken for
+would hang the test, not slow it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -19,10 +26,13 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.dispatch.conftest import LOOPBACK_ONLY
+from tests.dispatch.upstream import start_upstream
 from tests.pgtest import create_database, drop_database
-from tests.registry.helpers import agent_with_tool
+from tests.registry.helpers import add_tool, agent_with_tool
 from toolrelay.db import Database, migrate
 from toolrelay.db.connect import _SET_IDENTITY, OWNER_ROLE
+from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.registry import Registry
 
 CHANNEL = "toolrelay_runnable"
@@ -35,6 +45,13 @@ RUNNABLE = (
 )
 
 # The protocol without its lock: the version the tests must catch.
+NAIVE_TRY = """
+CREATE OR REPLACE FUNCTION agents.fn_dispatch_try_sleep(p_worker text) RETURNS boolean
+LANGUAGE sql SET search_path = pg_catalog AS $$
+    INSERT INTO agents.dispatch_sleepers (worker) VALUES (p_worker) ON CONFLICT DO NOTHING;
+    SELECT true;
+$$;
+"""
 NAIVE = """
 CREATE OR REPLACE FUNCTION agents.wake_needed() RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog AS $$
@@ -55,6 +72,7 @@ class Scene:
     owner: UUID
     agent_id: UUID
     tool_id: UUID
+    registry: Registry
 
 
 @pytest.fixture
@@ -66,7 +84,7 @@ def scene(admin_url: str) -> Iterator[Scene]:
     try:
         registry = Registry(db, uuid.uuid4())
         agent, tool = agent_with_tool(registry, endpoint_url="http://127.0.0.1:9/echo")
-        yield Scene(url, registry.owner, registry.get_agent(agent)["id"], tool["id"])
+        yield Scene(url, registry.owner, registry.get_agent(agent)["id"], tool["id"], registry)
     finally:
         db.close()
         drop_database(admin_url, url)
@@ -110,7 +128,13 @@ class Listener:
         return self.received
 
 
-def go_to_sleep(scene: Scene) -> tuple[threading.Thread, dict[str, int]]:
+# How a worker goes to sleep: 0016's function, or 0018's with its lock timeout (the one
+# the worker runs: it answers whether the worker is registered asleep).
+SLEEP = "SELECT agents.fn_dispatch_sleep(%s)"
+TRY_SLEEP = "SELECT agents.fn_dispatch_try_sleep(%s)"
+
+
+def go_to_sleep(scene: Scene, how: str = SLEEP) -> tuple[threading.Thread, dict[str, int]]:
     """The worker's side in a thread: register, commit, claim once more (what it finds)."""
     found: dict[str, int] = {}
     ready = threading.Event()
@@ -119,7 +143,8 @@ def go_to_sleep(scene: Scene) -> tuple[threading.Thread, dict[str, int]]:
         with psycopg.connect(scene.url) as conn:
             found["pid"] = conn.info.backend_pid
             ready.set()
-            conn.execute("SELECT agents.fn_dispatch_sleep(%s)", (WORKER,))
+            asleep = conn.execute(how, (WORKER,)).fetchone()
+            found["asleep"] = int(asleep[0] is not False) if asleep else 1
             conn.commit()
             row = conn.execute(RUNNABLE).fetchone()
             found["runnable"] = int(row[0]) if row else 0
@@ -146,13 +171,13 @@ def blocked_or_done(scene: Scene, thread: threading.Thread, pid: int) -> str:
     raise AssertionError("the worker's sleep neither finished nor blocked")
 
 
-def race(scene: Scene) -> tuple[str, int, int]:
+def race(scene: Scene, how: str = SLEEP) -> tuple[str, int, int]:
     """A call looks before the worker registers and commits after it would have re-claimed.
     Returns (how the sleep went, calls the re-claim found, notifications received)."""
     sleepers_only(scene)
     listener = Listener(scene)
     call = start_call(scene)  # looked: no sleeper yet
-    thread, found = go_to_sleep(scene)
+    thread, found = go_to_sleep(scene, how)
     state = blocked_or_done(scene, thread, found["pid"])
     call.commit()
     thread.join(BLOCK_TIMEOUT)
@@ -163,21 +188,23 @@ def race(scene: Scene) -> tuple[str, int, int]:
     return state, found["runnable"], received
 
 
+@pytest.mark.parametrize("how", [SLEEP, TRY_SLEEP])
 def test_a_call_that_looked_before_the_worker_slept_is_found_by_its_last_claim(
-    scene: Scene,
+    scene: Scene, how: str
 ) -> None:
-    state, runnable, received = race(scene)
+    state, runnable, received = race(scene, how)
     # The worker's sleep waited for the open call, so its last claim sees the committed call.
     assert state == "blocked"
     assert runnable == 1 or received >= 1, "wake-up lost: neither claimed nor notified"
     assert runnable == 1
 
 
-def test_the_race_loses_the_wake_up_without_the_lock(scene: Scene) -> None:
+@pytest.mark.parametrize(("how", "naive"), [(SLEEP, NAIVE), (TRY_SLEEP, NAIVE_TRY)])
+def test_the_race_loses_the_wake_up_without_the_lock(scene: Scene, how: str, naive: str) -> None:
     """The same interleaving against the protocol minus its lock: the test above would fail."""
     with admin(scene) as conn:
-        conn.execute(NAIVE)
-    state, runnable, received = race(scene)
+        conn.execute(naive)
+    state, runnable, received = race(scene, how)
     assert state == "done"
     assert (runnable, received) == (0, 0)  # lost: only the poll would find it
 
@@ -212,3 +239,148 @@ def test_until_a_worker_turns_the_protocol_on_every_call_notifies(scene: Scene) 
         start_call(scene).commit()
         assert listener.collect() >= 1
         listener.received = 0
+
+
+def test_a_sleep_that_cannot_take_the_lock_soon_registers_nothing(scene: Scene) -> None:
+    """A call's transaction left open: the worker's sleep gives up after its lock timeout
+    (0018: 100 ms) instead of waiting, says so, and leaves no sleeper row (it stays awake)."""
+    sleepers_only(scene)
+    call = start_call(scene)
+    try:
+        began = time.monotonic()
+        thread, found = go_to_sleep(scene, TRY_SLEEP)
+        thread.join(BLOCK_TIMEOUT)
+        assert not thread.is_alive()
+        assert time.monotonic() - began < BLOCK_TIMEOUT / 2
+        assert found["asleep"] == 0
+        with admin(scene) as conn:
+            assert conn.execute("SELECT count(*) FROM agents.dispatch_sleepers").fetchone() == (0,)
+    finally:
+        call.close()
+
+
+def register(scene: Scene, worker: str, seconds: float) -> bool:
+    with admin(scene) as conn:
+        row = conn.execute("SELECT agents.fn_dispatch_register(%s, %s)", (worker, seconds))
+        return bool(row.fetchone()[0])  # type: ignore[index]
+
+
+def test_the_protocol_is_on_while_a_registration_is_live(scene: Scene) -> None:
+    """No registered worker (workers that do not follow the protocol): every call notifies.
+    A live registration turns it on; once it lapses, every call notifies again."""
+    listener = Listener(scene)
+    assert register(scene, "w-live", 0.5) is False  # a new registration
+    start_call(scene).commit()
+    assert listener.collect() == 0  # on: nobody asleep, no notification
+    time.sleep(0.6)
+    start_call(scene).commit()
+    assert listener.collect() == 1  # lapsed: off again
+    listener.conn.close()
+
+
+def test_a_dead_workers_sleeper_row_costs_extra_notifications_only(scene: Scene) -> None:
+    """A worker died asleep: its row makes calls notify though nobody waits (harmless);
+    a live worker's registration removes it once the dead one's registration lapsed. A
+    sleeper that never registered (0016's protocol used alone) is left alone."""
+    listener = Listener(scene)
+    with admin(scene) as conn:
+        conn.execute("INSERT INTO agents.dispatch_workers VALUES ('ghost', now() - interval '1 s')")
+        conn.execute("INSERT INTO agents.dispatch_sleepers (worker) VALUES ('ghost')")
+    assert register(scene, "w-live", 60) is False
+    assert register(scene, "w-live", 60) is True  # renewed while live
+    with admin(scene) as conn:
+        left = conn.execute("SELECT worker FROM agents.dispatch_sleepers").fetchall()
+    assert left == []  # the lapsed one's row went with its registration
+    with admin(scene) as conn:
+        conn.execute("INSERT INTO agents.dispatch_sleepers (worker) VALUES ('ghost')")
+    start_call(scene).commit()
+    assert listener.collect() == 1  # the leftover row: a notification nobody needed
+    with admin(scene) as conn:
+        conn.execute("DELETE FROM agents.dispatch_workers WHERE worker = 'ghost'")
+    register(scene, "w-live", 60)
+    with admin(scene) as conn:
+        left = conn.execute("SELECT worker FROM agents.dispatch_sleepers").fetchall()
+    assert left == [("ghost",)]  # never registered: not ours to remove
+    listener.conn.close()
+
+
+# --- end to end: the worker follows the protocol --------------------------------------
+
+LONG_POLL = 30.0  # the worker's poll: a call it is not woken for waits this long
+WOKEN_WITHIN = 5.0  # seconds for a call to complete when the worker is woken for it
+
+
+async def wait_for(predicate: object, what: str, timeout: float = WOKEN_WITHIN) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+def sleepers(scene: Scene) -> list[str]:
+    with admin(scene) as conn:
+        return [str(r[0]) for r in conn.execute("SELECT worker FROM agents.dispatch_sleepers")]
+
+
+@asynccontextmanager
+async def running_worker(scene: Scene, worker_id: str) -> AsyncIterator[Worker]:
+    settings = WorkerSettings(
+        concurrency=4, lease_seconds=30.0, poll_interval=LONG_POLL, worker_id=worker_id
+    )
+    worker = Worker(scene.url, settings, None, LOOPBACK_ONLY)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 15)
+
+
+def invoke_and_time(scene: Scene, tool_key: str) -> tuple[UUID, float]:
+    return scene.registry.invoke("bot", tool_key, {}), time.monotonic()
+
+
+async def test_an_idle_worker_is_woken_by_a_call_long_before_its_poll(scene: Scene) -> None:
+    upstream, runner = await start_upstream()
+    tool = add_tool(scene.registry, key="echo.woken", endpoint_url=f"{upstream.base_url}/w")
+    scene.registry.assign("bot", tool["key"])
+    try:
+        async with running_worker(scene, "w-e2e") as worker:
+            for round_ in range(3):  # asleep again after each call
+                await wait_for(lambda: sleepers(scene) == ["w-e2e"], "the worker asleep")
+                assert worker.asleep
+                inv, began = invoke_and_time(scene, tool["key"])
+                await wait_for(
+                    lambda inv=inv: scene.registry.get_invocation(inv)["status"] == "completed",
+                    f"call {round_} completed (the poll is {LONG_POLL:g} s)",
+                )
+                assert time.monotonic() - began < WOKEN_WITHIN
+        assert sleepers(scene) == []  # removed at shutdown
+        with admin(scene) as conn:
+            assert conn.execute("SELECT count(*) FROM agents.dispatch_workers").fetchone() == (0,)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_dead_sleepers_row_does_not_stop_a_live_worker(scene: Scene) -> None:
+    """A dead worker's sleeper row (and lapsed registration) next to a live worker: calls
+    still reach the live one at once; the row goes at the live one's first registration."""
+    upstream, runner = await start_upstream()
+    tool = add_tool(scene.registry, key="echo.ghost", endpoint_url=f"{upstream.base_url}/g")
+    scene.registry.assign("bot", tool["key"])
+    with admin(scene) as conn:
+        conn.execute("INSERT INTO agents.dispatch_workers VALUES ('ghost', now() - interval '1 s')")
+        conn.execute("INSERT INTO agents.dispatch_sleepers (worker) VALUES ('ghost')")
+    try:
+        async with running_worker(scene, "w-live"):
+            await wait_for(lambda: sleepers(scene) == ["w-live"], "only the live worker asleep")
+            inv, began = invoke_and_time(scene, tool["key"])
+            await wait_for(
+                lambda: scene.registry.get_invocation(inv)["status"] == "completed",
+                "the call completed",
+            )
+            assert time.monotonic() - began < WOKEN_WITHIN
+    finally:
+        await runner.cleanup()

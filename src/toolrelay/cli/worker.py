@@ -33,6 +33,12 @@ def worker(
     poll_interval: float = typer.Option(
         1.0, min=0.01, help="Seconds between polls when no notification arrives."
     ),
+    sleep_protocol: bool = typer.Option(
+        True,
+        help="Register asleep when idle, so that calls notify only while some worker sleeps"
+        " (migration 0018). Off: this worker never registers (it is still woken, as long as"
+        " no worker that registers runs beside it).",
+    ),
     summary_interval: float = typer.Option(
         SUMMARY_INTERVAL,
         min=0.01,
@@ -63,6 +69,7 @@ def worker(
             pooler=pooler,
             listen_url=listen_url,
             poll_interval=poll_interval,
+            sleep_protocol=sleep_protocol,
             summary_interval=summary_interval,
         )
         asyncio.run(run_worker(db.url, settings, keyring))

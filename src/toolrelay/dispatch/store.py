@@ -63,21 +63,61 @@ def open_pool(
 
 
 class DispatchStore:
-    def __init__(self, pool: AsyncConnectionPool[AsyncConnection[Row]], worker: str) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[AsyncConnection[Row]], worker: str, pooler: bool = False
+    ) -> None:
         self.pool = pool
         self.worker = worker
+        self.pooler = pooler
         self.q = load("dispatch")
         self.finish_query = self.q["finish"]
+        # The claim that also wakes this worker: its first CTE is the "wake" query.
+        head, picked, rest = self.q["claim"].partition("WITH picked AS (")
+        assert picked, "the claim query starts its CTEs with picked"
+        self.waking_claim = f"{head}WITH woke AS ({self.q['wake']}), picked AS ({rest}"
         # Exists only to prove the chaos check can fail (docs/reliability.md); never set it.
         if os.environ.get("TOOLRELAY_TEST_UNSAFE_NO_FENCING") == "1":
             self.finish_query = self.finish_query.replace(FINISH_FENCE, "")
 
-    async def claim(self, limit: int, lease_seconds: float) -> list[Row]:
+    async def claim(self, limit: int, lease_seconds: float, wake: bool = False) -> list[Row]:
+        """``wake``: this worker was registered asleep; the claim ends that too."""
+        async with self.pool.connection() as conn:
+            query = self.waking_claim if wake else self.q["claim"]
+            cur = await conn.execute(query, self._claiming(limit, lease_seconds))
+            return await cur.fetchall()
+
+    async def sleep_and_claim(self, limit: int, lease_seconds: float) -> tuple[bool, list[Row]]:
+        """Register asleep (migration 0018), then claim once more: what arrived before the
+        registration is claimed here, what arrives after it notifies. One round trip
+        (pipelined) unless behind a pooler. False: the lock timed out, not registered."""
+        params = self._claiming(limit, lease_seconds)
+        async with self.pool.connection() as conn:
+            if self.pooler:
+                asleep_cur = await conn.execute(self.q["try_sleep"], params)
+                claim_cur = await conn.execute(self.q["claim"], params)
+            else:
+                async with conn.pipeline():
+                    asleep_cur = await conn.execute(self.q["try_sleep"], params)
+                    claim_cur = await conn.execute(self.q["claim"], params)
+            row = await asleep_cur.fetchone()
+            return bool(row and row["asleep"]), await claim_cur.fetchall()
+
+    def _claiming(self, limit: int, lease_seconds: float) -> dict[str, Any]:
+        return {"limit": limit, "worker": self.worker, "lease": lease_seconds}
+
+    async def register(self, seconds: float) -> bool:
+        """This worker follows the sleep protocol for ``seconds`` more; whether its
+        registration was still live (False: a sleeper row of its may be gone)."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
-                self.q["claim"], {"limit": limit, "worker": self.worker, "lease": lease_seconds}
+                self.q["register"], {"worker": self.worker, "seconds": seconds}
             )
-            return await cur.fetchall()
+            row = await cur.fetchone()
+            return bool(row and row["live"])
+
+    async def unregister(self) -> None:
+        async with self.pool.connection() as conn:
+            await conn.execute(self.q["unregister"], {"worker": self.worker})
 
     async def mark_sent(self, items: Sequence[Row]) -> set[UUID]:
         payload = [{"id": str(r["id"]), "attempt": r["attempt"]} for r in items]

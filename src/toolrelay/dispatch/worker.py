@@ -4,6 +4,12 @@ One asyncio loop per process. Claims come in batches (FOR UPDATE SKIP LOCKED), w
 LISTEN/NOTIFY with polling as a fallback; leases are renewed by a heartbeat; results are
 fenced by (lease owner, attempt) so a worker whose lease was taken over writes nothing.
 
+Calls notify only while some worker is asleep (migrations 0016 and 0018): a worker that
+finds nothing to claim registers asleep, claims once more, and only then waits; its next
+claim wakes it. With calls in flight it first waits a moment for one of them to finish
+(a finished call wakes it anyway), so a busy worker rarely registers and invokers rarely
+notify.
+
 It says what it is doing: a start line (who, where, what it may reach), a warning for each
 active tool the egress allow-list will refuse, and one summary line per interval.
 """
@@ -50,6 +56,11 @@ log = logging.getLogger("toolrelay.worker")
 
 CHANNEL = "toolrelay_runnable"
 POLL_INTERVAL = 1.0  # seconds; the fallback when no notification arrives
+# With calls in flight and nothing to claim: how long to wait for one of them to finish
+# (which wakes the loop) before registering asleep, so that calls notify again.
+SLEEP_AFTER = 0.02  # seconds
+SLEEP_RETRY = 0.05  # seconds to stay awake after registering asleep timed out on the lock
+LISTEN_CHECK = 0.05  # seconds between looks at whether LISTEN is up, before registering
 EXPIRE_INTERVAL = 5.0  # seconds between sweeps of pending approvals past their window
 SHUTDOWN_GRACE = 10.0  # seconds in-flight calls get after SIGTERM
 DB_RETRY_DELAY = 0.5  # seconds between attempts to reach a database that went away
@@ -84,6 +95,9 @@ class WorkerSettings:
     # A direct (not pooled) connection for LISTEN; without one behind a pooler, poll only.
     listen_url: str | None = None
     poll_interval: float = POLL_INTERVAL
+    # Migration 0018's sleep protocol: calls notify only while some worker is asleep. Off:
+    # this worker never registers, and every call notifies while no registered worker runs.
+    sleep_protocol: bool = True
     # Seconds between summary lines at INFO (default: TOOLRELAY_SUMMARY_INTERVAL, else 60).
     summary_interval: float = field(default_factory=_summary_interval_from_env)
 
@@ -113,7 +127,13 @@ class Worker:
         self.resolver: CredentialResolver | None = None
         self.egress = egress or EgressPolicy.from_env()
         self.metrics = Metrics()
+        # Set by a notification, a (re)connected listener, stop(), a lapsed registration.
         self.wakeup = asyncio.Event()
+        self.freed = asyncio.Event()  # a call in flight finished: a slot is free
+        self.listening = False  # LISTEN is active now on the listener's connection
+        self.registered = False  # follows the sleep protocol (migration 0018), as far as known
+        self.asleep = False  # registered asleep: calls notify it; its next claim wakes it
+        self._quiet = False  # the last wait ran out with calls in flight and none finished
         self.stopping = asyncio.Event()
         self.inflight: dict[UUID, asyncio.Task[None]] = {}
         self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
@@ -132,7 +152,7 @@ class Worker:
         self._log_start()
         pool = open_pool(self.url, pooler=self.settings.pooler)
         await pool.open(wait=True)
-        self.store = DispatchStore(pool, self.settings.worker_id)
+        self.store = DispatchStore(pool, self.settings.worker_id, pooler=self.settings.pooler)
         names = await self._check_endpoints(pool)
         self.sent: Batcher[Row, bool] = Batcher(self._flush_sent)
         self.done: Batcher[tuple[Row, Row], UUID | None] = Batcher(self._flush_results)
@@ -149,6 +169,7 @@ class Worker:
             # resets; every send must be an attempt we count and record, so turn that off.
             session._retry_connection = False
             self.executor = Executor(session, self.egress, self._resolve, self._before_send)
+            self._registering = asyncio.create_task(self._registration())
             side = [
                 asyncio.create_task(self._listen()),
                 asyncio.create_task(self._heartbeat()),
@@ -183,23 +204,51 @@ class Worker:
         while not self.stopping.is_set():
             # Cleared before claiming, so a NOTIFY that lands during the claim is not lost.
             self.wakeup.clear()
+            self.freed.clear()
             if time.monotonic() - last_expiry > EXPIRE_INTERVAL:
                 last_expiry = time.monotonic()
                 await self._db_call(self.store.expire_approvals())
             free = self.settings.concurrency - len(self.inflight)
             claimed = 0
+            timeout = self.settings.poll_interval
             if free >= self._min_claim:
+                want = min(free, CLAIM_BATCH)
                 rows = await self._db_call(
-                    self.store.claim(min(free, CLAIM_BATCH), self.settings.lease_seconds)
+                    self.store.claim(want, self.settings.lease_seconds, wake=self.asleep)
                 )
-                for row in rows or []:
+                if rows is None:
+                    continue  # the database went away (already waited): try again
+                self.asleep = False
+                for row in rows:
                     self._start(row)
-                claimed = len(rows or [])
-                if claimed == min(free, CLAIM_BATCH):
+                claimed = len(rows)
+                if claimed == want:
                     continue  # there may be more ready right now
+                if self.registered and self.listening:
+                    if self.inflight and not self._quiet:
+                        timeout = SLEEP_AFTER  # one finishing wakes us: no need to sleep yet
+                    else:
+                        timeout = await self._sleep(free - claimed)
+                        if timeout == 0:
+                            continue  # the last claim found calls: look for more
             if await self._drained(claimed):
                 return
-            await self._wait()
+            await self._wait(timeout)
+
+    async def _sleep(self, free: int) -> float:
+        """Register asleep and claim once more; how long to wait next (0: claim again)."""
+        result = await self._db_call(
+            self.store.sleep_and_claim(min(free, CLAIM_BATCH), self.settings.lease_seconds)
+        )
+        if result is None:
+            return 0.0
+        asleep, rows = result
+        for row in rows:
+            self._start(row)
+        self.asleep = asleep  # True even when rows came: the next claim wakes it
+        if rows:
+            return 0.0
+        return self.settings.poll_interval if asleep else SLEEP_RETRY
 
     async def _drained(self, claimed: int) -> bool:
         """--drain: done when nothing is in flight here and nothing is running anywhere."""
@@ -207,19 +256,19 @@ class Worker:
             return False
         return not await self._db_call(self.store.busy(), default=True)
 
-    async def _wait(self) -> None:
+    async def _wait(self, timeout: float) -> None:
+        """Until a notification, stop(), or ``timeout``; also until a call in flight
+        finishes, unless asleep (then new calls notify, and a free slot changes nothing)
+        or full (then until one finishes)."""
         waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self.wakeup.wait())]
-        if self.inflight and len(self.inflight) >= self.settings.concurrency:
-            waiters.append(
-                asyncio.ensure_future(
-                    asyncio.wait(list(self.inflight.values()), return_when=asyncio.FIRST_COMPLETED)
-                )
-            )
-        _, pending = await asyncio.wait(
-            waiters, timeout=self.settings.poll_interval, return_when=asyncio.FIRST_COMPLETED
+        if not self.asleep or self.settings.drain:
+            waiters.append(asyncio.ensure_future(self.freed.wait()))
+        done, pending = await asyncio.wait(
+            waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
         )
         for fut in pending:
             fut.cancel()
+        self._quiet = not done and bool(self.inflight)
 
     async def _db_call(self, coro: Any, default: Any = None) -> Any:
         """Run a store call; a database that went away is retried on the next turn."""
@@ -243,7 +292,7 @@ class Worker:
     def _finished(self, key: UUID) -> None:
         self.inflight.pop(key, None)
         self.metrics.in_flight = len(self.inflight)
-        self.wakeup.set()
+        self.freed.set()
 
     # --- one invocation ------------------------------------------------------------------
 
@@ -493,22 +542,51 @@ class Worker:
             if ids:
                 await self._db_call(self.store.heartbeat(ids, self.settings.lease_seconds))
 
+    def _listen_url(self) -> str | None:
+        return self.settings.listen_url or (None if self.settings.pooler else self.url)
+
     async def _listen(self) -> None:
         """Wake the loop on NOTIFY; reconnect when the database goes away."""
-        url = self.settings.listen_url or (None if self.settings.pooler else self.url)
+        url = self._listen_url()
         if url is None:
             return  # LISTEN does not work through a transaction pooler: poll only
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening = True
                     self.wakeup.set()  # anything that arrived while we were not listening
                     async for _ in conn.notifies():
                         self.wakeup.set()
             except (psycopg.OperationalError, psycopg.InterfaceError):
-                await asyncio.sleep(DB_RETRY_DELAY)
+                pass
+            finally:
+                self.listening = False  # asleep or not, nothing would wake us now: poll
+            await asyncio.sleep(DB_RETRY_DELAY)
+
+    async def _registration(self) -> None:
+        """Follow the sleep protocol (migration 0018): register once listening, renew every
+        lease/3. A registration found lapsed may have lost its sleeper row: wake up."""
+        if not self.settings.sleep_protocol or self._listen_url() is None:
+            return  # polling only: calls must keep notifying whoever listens
+        interval = self.settings.lease_seconds / 3
+        while True:
+            if self.listening:
+                live = await self._db_call(self.store.register(self.settings.lease_seconds))
+                if live is not None:
+                    if not live:  # newly on (or lapsed): the loop should go to sleep anew
+                        self.wakeup.set()
+                    self.registered = True
+                    await asyncio.sleep(interval)
+                    continue
+            await asyncio.sleep(LISTEN_CHECK)
 
     async def _shutdown(self) -> None:
+        self._registering.cancel()
+        await asyncio.gather(self._registering, return_exceptions=True)
+        if self.registered:  # no longer asleep; calls notify again while no one else is
+            self.registered = self.asleep = False
+            await self._db_call(self.store.unregister())
         if self.inflight:
             _, pending = await asyncio.wait(list(self.inflight.values()), timeout=SHUTDOWN_GRACE)
             ids = [

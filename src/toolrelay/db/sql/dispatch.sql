@@ -41,6 +41,24 @@ SELECT c.id, c.owner, c.agent_id, c.tool_id, c.input, c.attempt, c.approval_stat
   LEFT JOIN agents.tool_assignments s ON s.agent_id = c.agent_id AND s.tool_id = c.tool_id
   LEFT JOIN agents.credentials k ON k.id = t.credential_ref;
 
+-- name: wake
+-- A worker that was registered asleep (migration 0018) is awake: calls stop notifying it.
+-- Not run alone: store.py prefixes it to the claim as a CTE (WITH woke AS (...), ...), so
+-- that waking costs no statement of its own.
+DELETE FROM agents.dispatch_sleepers WHERE worker = %(worker)s;
+
+-- name: try_sleep
+-- About to wait for a notification (migration 0018): registered asleep, or not (a lock
+-- timeout: stay awake). Sent in the same round trip as the claim that follows it.
+SELECT agents.fn_dispatch_try_sleep(%(worker)s) AS asleep;
+
+-- name: register
+-- This worker follows the sleep protocol; true when its registration was still live.
+SELECT agents.fn_dispatch_register(%(worker)s, %(seconds)s) AS live;
+
+-- name: unregister
+SELECT agents.fn_dispatch_unregister(%(worker)s);
+
 -- name: mark_sent
 -- Before a write leaves: record that it may have left, fenced by lease and attempt.
 UPDATE agents.tool_invocations i
