@@ -17,9 +17,10 @@ from toolrelay.db.connect import owner_identity
 from toolrelay.registry import Registry
 from toolrelay.tokens import TokenStore
 
-# The lookup (agents.invoke_target), then fn_invoke_tool, each a whole transaction sent as
-# one string (Database.trips). Before: six, one per statement; then four, pipelined.
-MAX_ROUND_TRIPS = 2
+# The lookup (agents.invoke_lookup), then fn_invoke_tool, each a whole transaction sent as
+# one string (Database.trips); one (agents.invoke_seen) once the process has read the tool.
+# Before: six, one per statement; then four, pipelined.
+COLD_ROUND_TRIPS, WARM_ROUND_TRIPS = 2, 1
 
 
 def round_trips(db: Database, call: object) -> int:
@@ -43,23 +44,28 @@ def _waits(line: str) -> bool:
     return kind in ("Sync", "Query")
 
 
-def test_invoke_takes_two_round_trips(database_url: str) -> None:
+def test_invoke_takes_one_round_trip_once_the_tool_was_read(database_url: str) -> None:
     db = Database(database_url, pool_size=1)  # one connection: the one traced
     try:
         registry = Registry(db, uuid.uuid4())
         agent, tool = agent_with_tool(registry)
-        registry.invoke(agent, tool["key"], {"text": "warm"})
+        registry.get_agent(agent)  # a warm connection
+        cold = round_trips(db, lambda: registry.invoke(agent, tool["key"], {"text": "cold"}))
+        assert cold == COLD_ROUND_TRIPS
         trips = round_trips(db, lambda: registry.invoke(agent, tool["key"], {"text": "x"}))
-        assert trips == MAX_ROUND_TRIPS
+        assert trips == WARM_ROUND_TRIPS
         agent_id = str(registry.get_agent(agent)["id"])
         as_agent = Registry(db, registry.owner, agent_id=agent_id)
         by_ids = round_trips(db, lambda: as_agent.invoke(agent_id, str(tool["id"]), {}))
-        assert by_ids == MAX_ROUND_TRIPS
-        # The MCP door: the tool by key with its stamp, then the insert.
+        assert by_ids == COLD_ROUND_TRIPS  # another caller, another name: read first
+        assert round_trips(db, lambda: as_agent.invoke(agent_id, str(tool["id"]), {})) == 1
+        # The MCP door: the tool by key with its stamp, then the insert; then one.
         called = []
         assert round_trips(db, lambda: called.append(as_agent.call(tool["key"], {}))) == 2
+        assert round_trips(db, lambda: called.append(as_agent.call(tool["key"], {}))) == 1
+        assert called[0].stamp == called[1].stamp and called[1].tool == called[0].tool
         # Reading it back, as the waiting agent does: one.
-        ident = called[0].invocation_id
+        ident = called[1].invocation_id
         assert round_trips(db, lambda: as_agent.get_invocation(ident, agent=agent_id)) == 1
         assert round_trips(db, lambda: registry.get_invocation(ident)) == 1  # with attempts
         # And the token behind every request: one.
@@ -165,3 +171,67 @@ def test_a_pooled_connection_that_died_is_replaced_on_the_first_trip(
         assert registry.invoke(agent, tool["key"], {"text": "y"})
     finally:
         db.close()
+
+
+# --- what a process keeps of the tools it read (registry/seen.py) -----------------------------
+
+
+def test_a_schema_changed_since_it_was_read_decides_on_a_fresh_read(registry: Registry) -> None:
+    agent, tool = agent_with_tool(registry)
+    registry.invoke(agent, tool["key"], {"text": "read it"})  # kept now
+    numbers = {"type": "object", "properties": {"text": {"type": "integer"}}}
+    registry.update_tool(tool["key"], {"schema_input": numbers})
+    with pytest.raises(errors.InvalidInput):  # valid under the kept schema: not any more
+        registry.invoke(agent, tool["key"], {"text": "no"})
+    assert registry.invoke(agent, tool["key"], {"text": 5})  # refused by the kept one
+    assert [r["input"] for r in registry.list_invocations()] == [{"text": 5}, {"text": "read it"}]
+    for _ in range(2):  # and from now on against the new one, kept
+        with pytest.raises(errors.InvalidInput):
+            registry.invoke(agent, tool["key"], {"text": "no"})
+
+
+def test_what_was_read_never_grants_a_call(registry: Registry) -> None:
+    agent, tool = agent_with_tool(registry)
+    agent_id = registry.get_agent(agent)["id"]
+    as_agent = Registry(registry.db, registry.owner, agent_id=agent_id)
+    as_agent.invoke(agent, tool["key"], {"text": "kept"})
+    as_agent.call(tool["key"], {"text": "kept"})
+    registry.revoke(agent, tool["key"])
+    with pytest.raises(
+        errors.NotAssigned, match=f"^tool {tool['key']} is not assigned to this agent$"
+    ):
+        as_agent.invoke(agent, tool["key"], {"text": "after revoke"})
+    assert as_agent.call(tool["key"], {"text": "after revoke"}).invocation_id is None
+    registry.assign(agent, tool["key"])
+    registry.set_tool_status(tool["key"], "disabled")
+    with pytest.raises(errors.ToolrelayError):
+        registry.invoke(agent, tool["key"], {"text": "disabled"})
+    assert as_agent.call(tool["key"], {"text": "disabled"}).invocation_id is None
+    assert len(registry.list_invocations()) == 2
+
+
+def test_another_owner_never_gets_what_one_owner_read(db: Database) -> None:
+    alice, bob = Registry(db, uuid.uuid4()), Registry(db, uuid.uuid4())
+    for owner in (alice, bob):  # the same names on both sides
+        agent, tool = agent_with_tool(owner)
+    assert alice.invoke(agent, tool["key"], {"text": "alice"})
+    assert bob.invoke(agent, tool["key"], {"text": "bob"})
+    assert [r["input"] for r in alice.list_invocations()] == [{"text": "alice"}]
+    assert [r["input"] for r in bob.list_invocations()] == [{"text": "bob"}]
+    assert bob.list_invocations()[0]["agent_id"] == bob.get_agent(agent)["id"]
+
+
+def test_a_name_that_now_means_another_agent_is_read_again(
+    registry: Registry, database_url: str
+) -> None:
+    agent, tool = agent_with_tool(registry)
+    first = registry.get_agent(agent)["id"]
+    registry.invoke(agent, tool["key"], {"text": "first"})  # kept: the name means `first`
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute("UPDATE agents.agents SET name = name || '-old' WHERE id = %s", (first,))
+    registry.create_agent(agent)
+    registry.assign(agent, tool["key"])
+    registry.invoke(agent, tool["key"], {"text": "second"})
+    latest = registry.list_invocations()[0]
+    assert latest["input"] == {"text": "second"}
+    assert latest["agent_id"] == registry.get_agent(agent)["id"] != first

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import select
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -207,18 +208,22 @@ class Trips:
         self._conn: psycopg.Connection[Row] | None = None
         self._proven = False  # a trip succeeded on this connection: it is alive
 
-    def run(self, identity: Identity, queries: Sequence[Query]) -> list[list[Row]]:
+    def run(
+        self, identity: Identity, queries: Sequence[Query], *, retry: bool = True
+    ) -> list[list[Row]]:
         """The rows of each query, in order, run in one transaction as ``identity``.
 
-        A pooled connection that died (a database restart) fails its first trip before
-        anything ran: that trip is tried once more on a fresh connection. Later trips are
-        not retried (the connection was alive a moment ago; a write may have landed)."""
+        A pooled connection the server closed while it sat idle (a restart) is seen before
+        sending (its socket has something to read) and replaced. One that fails its first
+        trip otherwise is tried once more on a fresh connection when ``retry`` (reads:
+        give False for a trip that writes, which may have landed before the failure).
+        Later trips are not retried (the connection was alive a moment ago)."""
         for attempt in range(2):
             conn = self._checkout()
             try:
                 return _one_trip(conn, identity, queries)
             except psycopg.OperationalError:
-                if self._proven or attempt or not conn.closed:
+                if self._proven or attempt or not retry or not conn.closed:
                     raise
                 self.release()
             finally:
@@ -227,8 +232,12 @@ class Trips:
         raise AssertionError("unreachable")
 
     def _checkout(self) -> psycopg.Connection[Row]:
-        if self._conn is None:
+        while self._conn is None:
             self._pool, self._conn = self._db._getconn()
+            if not self._proven and not _quiet(self._conn):
+                self._conn.close()  # closed by the server (it said so, or hung up): another
+                self.release()
+                continue
             self._conn.autocommit = True  # the string holds its own BEGIN and COMMIT
         return self._conn
 
@@ -239,6 +248,16 @@ class Trips:
         if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
             conn.autocommit = False
         pool.putconn(conn)
+
+
+def _quiet(conn: psycopg.Connection[Row]) -> bool:
+    """Whether an idle connection has nothing to read: an idle server sends nothing (pooled
+    connections do not LISTEN) unless it is closing the connection."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return False
+    return not readable
 
 
 def _one_trip(

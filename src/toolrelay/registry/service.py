@@ -18,7 +18,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
-from toolrelay.db.connect import Query, Row, owner_identity
+from toolrelay.db.connect import Identity, Query, Row, Trips, owner_identity
 from toolrelay.dispatch.executor import build_request
 from toolrelay.dispatch.executor import request_digest as rendered_digest
 from toolrelay.errors import (
@@ -33,6 +33,7 @@ from toolrelay.errors import (
 from toolrelay.export.strict import from_strict_call
 from toolrelay.registry.fields import check_fields, check_limit, check_status
 from toolrelay.registry.models import EXTRA_COLUMNS, UPDATABLE_COLUMNS, ToolSpec
+from toolrelay.registry.seen import SEEN, Seen
 from toolrelay.registry.validation import check_tool, validate_input
 
 JSON_COLUMNS = frozenset({"schema_input", "schema_output", "request_template"})
@@ -119,8 +120,16 @@ _ONE_INVOCATION = (
     "      OR (%(agent_id)s::uuid IS NULL AND a.name = %(agent)s))"
 )
 
-# An agent's tool by key and the stamp of its tools (migration 0019).
-_CALL_TARGET = "SELECT * FROM agents.agent_call_target(%(agent)s, %(key)s)"
+# An agent's tool by key, the stamp of its tools (0019) and the tool's version (0020).
+_CALL_LOOKUP = "SELECT * FROM agents.agent_call_lookup(%(agent)s, %(key)s)"
+_STAMP = "SELECT agents.agent_tools_stamp(%(agent)s) AS stamp"
+# What fn_invoke_tool refuses when what was read is stale: not found, inactive, unassigned,
+# no endpoint. The lookup then says why in its own words (an agent cannot tell which).
+_STALE_REFUSALS = frozenset({"P0002", "TR001", "TR002", "TR005"})
+_INSERT_SEEN = (
+    "SELECT agents.invoke_seen(%(agent)s, %(name)s, %(tool)s, %(input)s, %(run)s,"
+    " %(version)s) AS id"
+)
 
 REGISTER_SQL = """
 SELECT (fn_register_tool(
@@ -326,10 +335,20 @@ class Registry:
         payload = dict(input or {})
         assigned = self.agent_id is not None
         identity = owner_identity(self.owner, self.agent_id)
+        key = ("invoke", self.db.url, self.owner, self.agent_id, agent, tool)
+        agent_name = None if _as_uuid(agent) else agent
         try:
-            # Two round trips (six at first): the lookup, then the insert, each a whole
-            # transaction sent at once (Database.trips).
             with self.db.trips() as trips:
+                # One round trip when this process has read the tool before (registry/seen.py).
+                seen = SEEN.get(key)
+                if seen is not None:
+                    made = _insert_seen(
+                        trips, identity, seen, agent_name, payload, run_id, assigned
+                    )
+                    if made is not None:
+                        return UUID(str(made[0][0]["id"]))
+                    SEEN.drop(key)
+                # Else two: the lookup, then the insert.
                 [[found]] = trips.run(identity, [_invoke_lookup(agent, tool, assigned)])
                 if found["agent_id"] is None:
                     raise NotFound(f"agent {agent} not found")
@@ -337,13 +356,11 @@ class Registry:
                     if assigned:
                         raise NotAssigned(f"tool {tool} is not assigned to this agent")
                     raise NotFound(f"tool {tool} not found")
-                if assigned:
-                    # An agent under OpenAI's strict mode sends null for what it leaves out:
-                    # read that as left out where the tool's schema does not allow null.
-                    payload = from_strict_call(found["schema_input"], payload)
-                validate_input(found["schema_input"], payload)
+                checked = _checked(found["schema_input"], payload, assigned)
+                agent_id, tool_id = found["agent_id"], found["tool_id"]
+                SEEN.put(key, Seen(agent_id, tool_id, found["schema_input"], found["version"], {}))
                 [[row]] = trips.run(
-                    identity, [_insert_call(found["agent_id"], found["tool_id"], payload, run_id)]
+                    identity, [_insert_call(agent_id, tool_id, checked, run_id)], retry=False
                 )
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
@@ -353,22 +370,37 @@ class Registry:
         """An agent's call by tool key, as this registry's agent: the tool as the agent may
         call it and the invocation made, or neither when it may not call it (unassigned,
         denied, disabled and unknown look the same); with the stamp of the agent's tools
-        either way (mcp/changes.py). Two round trips: the lookup, then the insert."""
+        either way (mcp/changes.py). One round trip when this process has read the tool
+        before (registry/seen.py), else two: the lookup, then the insert."""
         if self.agent_id is None:
             raise InvalidArgument("Registry.call acts as an agent: give the agent_id")
         if input is not None and not isinstance(input, Mapping):
             raise InvalidInput(f"input must be a JSON object, got {type(input).__name__}")
+        payload = dict(input or {})
         identity = owner_identity(self.owner, self.agent_id)
-        lookup = (_CALL_TARGET, {"agent": self.agent_id, "key": key})
+        cache_key = ("call", self.db.url, self.owner, self.agent_id, key)
+        stamp = (_STAMP, {"agent": self.agent_id})
         try:
             with self.db.trips() as trips:
+                seen = SEEN.get(cache_key)
+                if seen is not None:
+                    made = _insert_seen(trips, identity, seen, None, payload, None, True, [stamp])
+                    if made is not None:
+                        inserted, stamped = made[0][0], made[1][0]
+                        return Called(seen.row, UUID(str(inserted["id"])), stamped["stamp"])
+                    SEEN.drop(cache_key)
+                lookup = (_CALL_LOOKUP, {"agent": self.agent_id, "key": key})
                 [[target]] = trips.run(identity, [lookup])
                 if target["tool_id"] is None:
                     return Called(None, None, target["stamp"])
-                payload = from_strict_call(target["schema_input"], dict(input or {}))
-                validate_input(target["schema_input"], payload)
+                checked = _checked(target["schema_input"], payload, True)
+                tool_id = target["tool_id"]
+                seen = Seen(
+                    self.agent_id, tool_id, target["schema_input"], target["version"], target
+                )
+                SEEN.put(cache_key, seen)
                 [[row]] = trips.run(
-                    identity, [_insert_call(self.agent_id, target["tool_id"], payload, None)]
+                    identity, [_insert_call(self.agent_id, tool_id, checked, None)], retry=False
                 )
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
@@ -378,7 +410,7 @@ class Registry:
         """The stamp of the tools this registry's agent may call now (see ``call``)."""
         if self.agent_id is None:
             raise InvalidArgument("Registry.tools_stamp acts as an agent: give the agent_id")
-        query = ("SELECT agents.agent_tools_stamp(%(agent)s) AS stamp", {"agent": self.agent_id})
+        query = (_STAMP, {"agent": self.agent_id})
         try:
             with self.db.trips() as trips:
                 [[row]] = trips.run(owner_identity(self.owner, self.agent_id), [query])
@@ -539,11 +571,13 @@ def _find(
 
 
 def _invoke_lookup(agent: str, tool: str, assigned: bool) -> Query:
-    """agents.invoke_target (migration 0016): by uuid when the text is one, else by name/key."""
+    """agents.invoke_lookup (migrations 0016, 0020): by uuid when the text is one, else by
+    name/key."""
     agent_id, tool_id = _as_uuid(agent), _as_uuid(tool)
     sql = (
         "SELECT found_agent AS agent_id, found_tool AS tool_id, found_schema AS schema_input"
-        " FROM agents.invoke_target(%(agent_id)s, %(agent)s, %(tool_id)s, %(tool)s, %(assigned)s)"
+        ", found_version AS version FROM agents.invoke_lookup("
+        "%(agent_id)s, %(agent)s, %(tool_id)s, %(tool)s, %(assigned)s)"
     )
     params = {
         "agent_id": agent_id,
@@ -553,6 +587,43 @@ def _invoke_lookup(agent: str, tool: str, assigned: bool) -> Query:
         "assigned": assigned,
     }
     return sql, params
+
+
+def _checked(schema: Any, payload: dict[str, Any], agent: bool) -> dict[str, Any]:
+    """The input as recorded, once valid against ``schema`` (raises InvalidInput)."""
+    if agent:
+        # An agent under OpenAI's strict mode sends null for what it leaves out: read that
+        # as left out where the tool's schema does not allow null.
+        payload = from_strict_call(schema, payload)
+    validate_input(schema, payload)
+    return payload
+
+
+def _insert_seen(
+    trips: Trips,
+    identity: Identity,
+    seen: Seen,
+    agent_name: str | None,
+    payload: dict[str, Any],
+    run_id: UUID | None,
+    agent: bool,
+    more: Sequence[Query] = (),
+) -> list[list[Row]] | None:
+    """The insert against what was read before; None when that is stale (or refuses the
+    input, which a fresh read decides). ``agent``: the caller is the agent (strict nulls)."""
+    try:
+        checked = _checked(seen.schema, payload, agent)
+    except InvalidInput:
+        return None
+    params = {"agent": seen.agent_id, "name": agent_name, "tool": seen.tool_id,
+              "input": Jsonb(checked), "run": run_id, "version": seen.version}  # fmt: skip
+    try:
+        results = trips.run(identity, [(_INSERT_SEEN, params), *more], retry=False)
+    except psycopg.Error as exc:
+        if exc.sqlstate in _STALE_REFUSALS:  # say it as the lookup says it: read again
+            return None
+        raise
+    return results if results[0][0]["id"] is not None else None
 
 
 def _insert_call(agent_id: Any, tool_id: Any, payload: Any, run_id: UUID | None) -> Query:
