@@ -104,7 +104,11 @@ def serve(port: int) -> None:
 def check_answer(content: list[Any]) -> None:
     """The upstream's answer as the call's text content (both systems answer so)."""
     text = getattr(content[0], "text", None) if content else None
-    if text is None or json.loads(text) != ANSWER:
+    try:
+        right = text is not None and json.loads(text) == ANSWER
+    except ValueError:
+        right = False
+    if not right:
         raise RuntimeError(f"wrong answer: {content}")
 
 
@@ -335,18 +339,21 @@ def peer_group(
     """toolrelay's MCP door and ContextForge's in alternating rounds; medians and the goal."""
     out: dict[str, Any] = {"name": f"{contextforge.NAME} (MCP)", "load_before": loadavg()}
     runs: dict[str, list[dict[str, Any]]] = {"toolrelay": [], "contextforge": []}
+    system = "contextforge"  # the one being started or measured
     try:
         with contextforge.running(upstream_url, free_port(), scratch, sizes[2] + 1) as peer:
             tree = TreeCpu(peer.pid)
             for _ in range(rounds):
-                runs["toolrelay"].append(phase("mcp", base, tokens, cpu, sizes))
-                runs["contextforge"].append(
-                    phase("mcp", peer.base, peer.tokens, tree, sizes, peer.tool)
-                )
+                system = "toolrelay"
+                runs[system].append(phase("mcp", base, tokens, cpu, sizes))
+                system = "contextforge"
+                runs[system].append(phase("mcp", peer.base, peer.tokens, tree, sizes, peer.tool))
     except contextforge.Unavailable as exc:
         return out | {"skipped": str(exc)}
     except Exception as exc:  # a failed start, an error or a wrong answer: the run fails
-        return out | {"failed": reason(exc), "rounds": runs}
+        log = scratch / ("contextforge.log" if system == "contextforge" else "serve.log")
+        tail = log.read_text("utf-8", "replace").splitlines()[-20:] if log.exists() else []
+        return out | {"failed": f"{system}: {reason(exc)}", "log_tail": tail, "rounds": runs}
     tr, cf = summary(runs["toolrelay"]), summary(runs["contextforge"])
     ratios = {
         "calls_per_s": tr["calls_per_s"] / cf["calls_per_s"],
@@ -364,6 +371,7 @@ def print_peer(peer: dict[str, Any]) -> None:
         print(f"{peer['name']}: SKIPPED, {peer['skipped']}")
         return
     if "failed" in peer:
+        print("\n".join(peer["log_tail"]))
         print(f"{peer['name']}: FAILED, {peer['failed']}")
         return
     print(f"\n{'MCP, medians of ' + str(len(peer['rounds']['toolrelay'])) + ' rounds':27}"
