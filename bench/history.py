@@ -410,13 +410,14 @@ def dead_tuples(ctx: Context, fx: Fixture, plan: Plan, claim: str) -> list[str]:
             f"{probe['buffers']:,.0f} | {100 * d['hot'] / max(1, d['upd']):.0f} | "
             f"{d['wal'] / max(1, done):,.0f} | {cb['xmin_age']:,.0f} | {cpu}")  # fmt: skip
     bad = sum(1 for r in rows if r["status"] != "completed")
+    twice = ctx.upstream.arrivals().duplicates
     return [
         *section(f"2a. {plan.rate}/s, a snapshot held from t = {base_s:g} to {base_s + held_s:g}"
                  f" s (bench/history.py: dead_tuples); {len(ids):,} created",
                  "t s | phase | created/s | finished/s | latency p50 / p99 ms | n_dead_tup | "
                  "runnable idx KB | table+idx MB | claim scan ms | claim scan buffers | HOT % | "
                  "WAL B/call | oldest xmin age | pg cores | worker cores | all cores", windows,
-                 *([f"FAIL: {bad} not completed"] if bad else [])),
+                 *([f"FAIL: {bad} not completed, {twice} sent twice"] if bad or twice else [])),
         *section("2b. The VACUUMs (bench/history.py: vacuum)",
                  " | ".join(["t s", "phase", *VACUUM_RE]), vacuums),
     ]  # fmt: skip
