@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from toolrelay.dispatch.bodies import encode_body
 from toolrelay.dispatch.egress import EgressPolicy, origin, unwrap_egress_error
 from toolrelay.errors import EgressBlocked
 
@@ -38,18 +38,15 @@ class SendSpec:
     # Headers (and query parameter) carrying the credential, dropped on a cross-origin hop.
     secret_headers: frozenset[str] = frozenset()
     secret_query: str | None = None
-    # The body as sent, JSON-encoded once here (as aiohttp's json= would: json.dumps, UTF-8,
-    # application/json unless the template set a Content-Type), so the attempt row can
-    # record its size and digest without encoding it again.
+    # The body as sent, encoded once here (bodies.py: JSON as aiohttp's json= would, or the
+    # form the template's Content-Type declares), so the attempt row can record its size
+    # and digest without encoding it again.
     payload: bytes | None = field(init=False, default=None)
     exchanges: int = 0  # hops answered so far: above 0, a request was sent
 
     def __post_init__(self) -> None:
-        if self.body is None:
-            return
-        self.payload = json.dumps(self.body).encode()
-        if not any(name.lower() == "content-type" for name in self.headers):
-            self.headers["Content-Type"] = "application/json"
+        if self.body is not None:
+            self.payload = encode_body(self.body, self.headers)
 
 
 @dataclass

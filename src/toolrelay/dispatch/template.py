@@ -12,11 +12,13 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Final, TypeAlias
 from urllib.parse import quote, unquote, unquote_plus
 
 from yarl import URL
 
+from toolrelay.dispatch.bodies import check_body
 from toolrelay.errors import TemplateError
 
 __all__ = [
@@ -87,8 +89,14 @@ class _Context:
     invocation_id: str
 
 
-def _parse(text: str, where: str) -> list[_Part]:
-    """Split text into literal runs and placeholders; anything else in {{ }} is an error."""
+PARSED_KEPT = 4096  # template strings kept parsed: the dispatcher renders the same ones again
+
+
+@lru_cache(maxsize=PARSED_KEPT)
+def _parse(text: str, where: str) -> tuple[_Part, ...]:
+    """Split text into literal runs and placeholders; anything else in {{ }} is an error.
+
+    Cached (a pure function of its arguments; an error is raised again, never cached)."""
     parts: list[_Part] = []
     pos = 0
     while (start := text.find("{{", pos)) != -1:
@@ -107,7 +115,7 @@ def _parse(text: str, where: str) -> list[_Part]:
         pos = end + 2
     if pos < len(text):
         parts.append(text[pos:])
-    return parts
+    return tuple(parts)
 
 
 def _snippet(text: str) -> str:
@@ -124,7 +132,7 @@ def _placeholder(expr: str) -> _Placeholder:
     return _Placeholder(expr, "input", tuple(steps))
 
 
-def _whole(parts: list[_Part]) -> _Placeholder | None:
+def _whole(parts: tuple[_Part, ...]) -> _Placeholder | None:
     """The placeholder if the string is exactly one placeholder, else None."""
     if len(parts) == 1 and isinstance(parts[0], _Placeholder):
         return parts[0]
@@ -175,7 +183,7 @@ def _text(ph: _Placeholder, ctx: _Context, where: str, context: str) -> str:
     return text
 
 
-def _join(parts: list[_Part], ctx: _Context, where: str, context: str, encode: bool = False) -> str:
+def _join(parts: tuple[_Part, ...], ctx: _Context, where: str, context: str, encode: bool = False) -> str:
     """Literal runs as they are, placeholder values as text (percent-encoded in URLs)."""
     texts = (
         p if isinstance(p, str) else _placeholder_text(p, ctx, where, context, encode)
@@ -438,6 +446,11 @@ def _split_url(url: Any) -> _UrlTemplate:
     """Check a registered endpoint URL and split it; placeholders only in path and query."""
     if not isinstance(url, str) or not url:
         raise TemplateError("endpoint_url: must be a non-empty string")
+    return _split_checked(url)
+
+
+@lru_cache(maxsize=PARSED_KEPT)  # pure: the same few endpoint URLs come back on every call
+def _split_checked(url: str) -> _UrlTemplate:
     _parse(url, "endpoint_url")
     sep = url.find("://")
     if sep == -1:
@@ -647,6 +660,7 @@ def _render(
         body = _deep_merge(body, _copy_json(ctx.input, "input"))
     elif merge:
         params = _merge_params(params, _input_params(ctx, auth))
+    check_body(body, headers)  # a form type needs an object (bodies.py)
     rendered = _assemble(url, _render_path(url.path, ctx), params)
     if _origin(rendered) != url.origin:
         raise TemplateError(

@@ -12,12 +12,12 @@ tests, where the credential is ``MASK`` and cannot be told from input.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from toolrelay.dispatch.bodies import media_type, shown_body
 from toolrelay.dispatch.executor import MASK, build_request, request_digest
 from toolrelay.errors import TemplateError
 
@@ -55,7 +55,7 @@ class RequestPreview:
     method: str
     url_parts: tuple[Part, ...] = ()
     header_lines: list[Header] = field(default_factory=list)
-    body: str | None = None  # JSON text, indented
+    body: str | None = None  # as bodies.shown_body shows it: JSON indented, or the form
     error: str | None = None  # the request cannot be rendered: approving will fail it
     warnings: list[str] = field(default_factory=list)
     digest: str | None = None  # of what is shown: approving binds to exactly this request
@@ -109,8 +109,9 @@ def preview_request(row: Mapping[str, Any]) -> RequestPreview:
             headers.append(Header(row["auth_param_name"], (*_text(prefix), SECRET)))
     body = None
     if rendered.body is not None:
-        headers.append(Header("Content-Type", _text("application/json")))
-        body = json.dumps(rendered.body, indent=2, ensure_ascii=False)
+        if media_type(rendered.headers) is None:  # what the client adds (bodies.py)
+            headers.append(Header("Content-Type", _text("application/json")))
+        body = shown_body(rendered.body, rendered.headers)
     return RequestPreview(
         rendered.method, url, headers, body, warnings=warnings, digest=request_digest(rendered)
     )
