@@ -183,7 +183,9 @@ def _text(ph: _Placeholder, ctx: _Context, where: str, context: str) -> str:
     return text
 
 
-def _join(parts: tuple[_Part, ...], ctx: _Context, where: str, context: str, encode: bool = False) -> str:
+def _join(
+    parts: tuple[_Part, ...], ctx: _Context, where: str, context: str, encode: bool = False
+) -> str:
     """Literal runs as they are, placeholder values as text (percent-encoded in URLs)."""
     texts = (
         p if isinstance(p, str) else _placeholder_text(p, ctx, where, context, encode)
