@@ -59,7 +59,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                 await context.outcomes.close()
             return
         worker = Worker(context.db.url, settings.worker, settings.keyring, settings.egress)
-        worker.on_outcomes = context.outcomes.wake  # the hand-off: same process, same loop
+        worker.on_outcomes = context.outcomes.hand  # the hand-off: same process, same loop
         running[:] = [worker]
         task = asyncio.create_task(worker.run(), name="toolrelay-worker")
         task.add_done_callback(_report_worker_exit)  # the worker logs its own start line

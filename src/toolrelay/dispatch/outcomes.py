@@ -70,6 +70,8 @@ class Outcomes:
         self.epoch = 0  # one more at every (re)connection of the listener
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._recent: dict[str, None] = {}  # insertion-ordered: the oldest goes first
+        self._handed: dict[str, Row] = {}  # outcomes handed over, for waiters taking them
+        self._taking: dict[str, int] = {}  # ids waited on by ``take_handed`` waiters
         self._task: asyncio.Task[None] | None = None
 
     async def wait_for(
@@ -80,16 +82,23 @@ class Outcomes:
         seconds: float,
         gone: Callable[[], Awaitable[bool]] | None = None,
         unread_since: int | None = None,
+        take_handed: bool = False,
     ) -> Row:
         """``read()`` once ``settled`` by it, when ``seconds`` have passed, or when ``gone``.
 
         ``unread_since``: ``mark()`` taken before the call was made; skip the first read
-        when the listener has listened since and has not told this id yet."""
+        when the listener has listened since and has not told this id yet.
+        ``take_handed``: an outcome the in-process worker hands over (``hand``) is the
+        answer, unread: only for the caller that made the call (the row is not filtered
+        by who may see it)."""
         deadline = time.monotonic() + seconds
         key = str(invocation_id)
-        with self._watch(key) as event:
+        with self._watch(key) as event, self._take(key, take_handed):
             skip = self.listening and self.epoch == unread_since and key not in self._recent
             while True:
+                handed = self._handed.pop(key, None) if take_handed else None
+                if handed is not None and settled(handed):
+                    return handed
                 if not skip:
                     event.clear()  # before the read: an outcome landing during it wakes us
                     row = await read()
@@ -115,6 +124,28 @@ class Outcomes:
                 event.set()
         while len(self._recent) > RECENT_IDS:
             del self._recent[next(iter(self._recent))]
+
+    def hand(self, outcomes: Mapping[str, Row | None]) -> None:
+        """The in-process worker's outcomes as written (None: a read must tell): kept for
+        waiters that take them, and everyone waiting on these ids woken."""
+        for key, row in outcomes.items():
+            if row is not None and key in self._taking:
+                self._handed[key] = row
+        self.wake(outcomes)
+
+    @contextlib.contextmanager
+    def _take(self, key: str, taking: bool) -> Iterator[None]:
+        if not taking:
+            yield
+            return
+        self._taking[key] = self._taking.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._taking[key] -= 1
+            if not self._taking[key]:
+                del self._taking[key]
+                self._handed.pop(key, None)
 
     def waiting(self, invocation_id: UUID | None = None) -> bool:
         """Whether someone waits on this call (None: on any call) now."""

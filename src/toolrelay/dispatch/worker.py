@@ -24,7 +24,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -61,6 +61,12 @@ POLL_INTERVAL = 1.0  # seconds; the fallback when no notification arrives
 SLEEP_AFTER = 0.02  # seconds
 SLEEP_RETRY = 0.05  # seconds to stay awake after registering asleep timed out on the lock
 LISTEN_CHECK = 0.05  # seconds between looks at whether LISTEN is up, before registering
+# A call's slot is free once its outcome is decided; its result is then recorded in a
+# batch. While other calls are still being sent, a batch of results waits this long for
+# more (a call alone is recorded at once), and at most this many results wait to be
+# recorded per slot before no more is claimed.
+RESULT_LINGER = 0.004  # seconds
+RECORDING_PER_SLOT = 1
 EXPIRE_INTERVAL = 5.0  # seconds between sweeps of pending approvals past their window
 SHUTDOWN_GRACE = 10.0  # seconds in-flight calls get after SIGTERM
 DB_RETRY_DELAY = 0.5  # seconds between attempts to reach a database that went away
@@ -135,12 +141,15 @@ class Worker:
         self.asleep = False  # registered asleep: calls notify it; its next claim wakes it
         self._quiet = False  # the last wait ran out with calls in flight and none finished
         self.stopping = asyncio.Event()
-        self.inflight: dict[UUID, asyncio.Task[None]] = {}
+        self.inflight: dict[UUID, asyncio.Task[None]] = {}  # claimed, result not recorded
+        self.sending = 0  # of those, outcome not decided yet: they hold a slot
         self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
         self.recording: set[UUID] = set()
-        # In `serve`, the app's Outcomes.wake: its waiters wake as soon as `finish` commits,
-        # without waiting for the NOTIFY (still sent, for every other process).
-        self.on_outcomes: Callable[[Iterable[str]], None] | None = None
+        # In `serve`, the app's Outcomes.hand: its waiters wake as soon as `finish` commits,
+        # without waiting for the NOTIFY (still sent, for every other process), and are
+        # handed the outcome as written (id -> row, None where a read must tell).
+        self.on_outcomes: Callable[[Mapping[str, Row | None]], None] | None = None
+        self._told: dict[str, tuple[str, str]] = {}  # id -> (tool key, approval status)
         # Claim in batches: while work is in flight, wait until a quarter of the slots are
         # free rather than paying one claim round trip per finished call.
         self._min_claim = max(1, min(CLAIM_BATCH, settings.concurrency) // 4)
@@ -155,7 +164,9 @@ class Worker:
         self.store = DispatchStore(pool, self.settings.worker_id, pooler=self.settings.pooler)
         names = await self._check_endpoints(pool)
         self.sent: Batcher[Row, bool] = Batcher(self._flush_sent)
-        self.done: Batcher[tuple[Row, Row], UUID | None] = Batcher(self._flush_results)
+        self.done: Batcher[tuple[Row, Row], UUID | None] = Batcher(
+            self._flush_results, linger=self._result_linger, full=CLAIM_BATCH
+        )
         if self.keyring is not None:
             self.resolver = CredentialResolver(pool, self.keyring)
         connector = make_connector(self.egress, limit=self.settings.concurrency)
@@ -208,7 +219,7 @@ class Worker:
             if time.monotonic() - last_expiry > EXPIRE_INTERVAL:
                 last_expiry = time.monotonic()
                 await self._db_call(self.store.expire_approvals())
-            free = self.settings.concurrency - len(self.inflight)
+            free = self._free()
             claimed = 0
             timeout = self.settings.poll_interval
             if free >= self._min_claim:
@@ -225,7 +236,7 @@ class Worker:
                 if claimed == want:
                     continue  # there may be more ready right now
                 if self.registered and self.listening:
-                    if self.inflight and not self._quiet:
+                    if self.sending and not self._quiet:
                         timeout = SLEEP_AFTER  # one finishing wakes us: no need to sleep yet
                     else:
                         timeout = await self._sleep(free - claimed)
@@ -234,6 +245,16 @@ class Worker:
             if await self._drained(claimed):
                 return
             await self._wait(timeout)
+
+    def _free(self) -> int:
+        """Slots for new calls: one per call not being sent, while the results waiting to
+        be recorded stay within RECORDING_PER_SLOT per slot."""
+        concurrency = self.settings.concurrency
+        backlog = (1 + RECORDING_PER_SLOT) * concurrency - len(self.inflight)
+        return min(concurrency - self.sending, backlog)
+
+    def _result_linger(self) -> float:
+        return RESULT_LINGER if self.sending else 0.0
 
     async def _sleep(self, free: int) -> float:
         """Register asleep and claim once more; how long to wait next (0: claim again)."""
@@ -268,7 +289,7 @@ class Worker:
         )
         for fut in pending:
             fut.cancel()
-        self._quiet = not done and bool(self.inflight)
+        self._quiet = not done and bool(self.sending)
 
     async def _db_call(self, coro: Any, default: Any = None) -> Any:
         """Run a store call; a database that went away is retried on the next turn."""
@@ -283,6 +304,7 @@ class Worker:
 
     def _start(self, row: Row) -> None:
         self.metrics.claimed += 1
+        self.sending += 1
         task = asyncio.create_task(self._handle(row))
         self.inflight[row["id"]] = task
         self.metrics.in_flight = len(self.inflight)
@@ -296,12 +318,20 @@ class Worker:
 
     # --- one invocation ------------------------------------------------------------------
 
+    def _decided(self) -> None:
+        """A call's outcome is known (or it was given up): its slot is free."""
+        self.sending -= 1
+        self.freed.set()
+
     async def _handle(self, row: Row) -> None:
         attempt = Attempt()
         limit = self._tool_limit(row)
         try:
-            async with limit if limit is not None else contextlib.nullcontext():
-                outcome, _ = await self._decide(row, attempt)
+            try:
+                async with limit if limit is not None else contextlib.nullcontext():
+                    outcome, _ = await self._decide(row, attempt)
+            finally:
+                self._decided()
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             # The database went away mid-way: the lease expires and the row is recovered.
             log.warning(
@@ -393,6 +423,8 @@ class Worker:
             "approval_ttl_seconds": row["approval_ttl_seconds"],
             "fingerprint": row["current_fingerprint"],
         }
+        if self.on_outcomes is not None:
+            self._told[result["id"]] = (row["tool_key"], row["approval_status"])
         try:
             written = await self.done.submit((result, attempt.record(row, outcome)))
         except (psycopg.OperationalError, psycopg.InterfaceError):
@@ -411,10 +443,15 @@ class Worker:
         return [item["id"] in marked for item in items]
 
     async def _flush_results(self, items: Sequence[tuple[Row, Row]]) -> list[UUID | None]:
-        written = await self.store.finish([r for r, _ in items], [a for _, a in items])
+        try:
+            written = await self.store.finish([r for r, _ in items], [a for _, a in items])
+        finally:
+            told = [(r, self._told.pop(r["id"], None)) for r, _ in items]
         if self.on_outcomes is not None:
-            told = (r["id"] for r, _ in items if r["status"] != "running")
-            self.on_outcomes(i for i in told if UUID(i) in written)
+            self.on_outcomes({
+                r["id"]: _outcome_row(r, meta)
+                for r, meta in told if r["status"] != "running" and UUID(r["id"]) in written
+            })  # fmt: skip
         return [UUID(r["id"]) if UUID(r["id"]) in written else None for r, _ in items]
 
     # --- what it says about itself --------------------------------------------------------
@@ -599,6 +636,15 @@ class Worker:
             await asyncio.gather(*pending, return_exceptions=True)
             if ids:
                 await self._db_call(self.store.release(ids))
+
+
+def _outcome_row(result: Row, meta: tuple[str, str] | None) -> Row | None:
+    """What a waiter may be handed of a finished call, as get_invocation would read it; None
+    for a call sent back to approval (its approval state changed in the database)."""
+    if meta is None or result["status"] not in ("completed", "failed"):
+        return None
+    keys = ("id", "status", "output", "error", "error_code", "http_status", "output_mismatch")
+    return {k: result[k] for k in keys} | {"tool_key": meta[0], "approval_status": meta[1]}
 
 
 def _summary_text(delta: Counts, failed: dict[str, int], in_flight: int) -> str:

@@ -499,7 +499,7 @@ class _Handlers:
         started = time.monotonic()
         try:
             invocation = await self._wait(
-                registry, agent, invocation_id, self.settings.wait_seconds, mark
+                registry, agent, invocation_id, self.settings.wait_seconds, mark, own=True
             )
         except ToolrelayError as exc:  # the call is recorded; say how to find it again
             return error_result(
@@ -527,15 +527,19 @@ class _Handlers:
         invocation_id: UUID,
         wait: float,
         mark: int | None = None,
+        own: bool = False,
     ) -> Row:
         """The invocation once finished, waiting for a human, or when ``wait`` s have passed.
-        ``mark``: taken before this agent made the call (see Outcomes.wait_for)."""
+        ``mark``: taken before this agent made the call (see Outcomes.wait_for); ``own``:
+        this request made it, so an outcome handed over in process is its answer (the
+        status tool's ids are anyone's: those are always read, as the agent)."""
         return await self.outcomes.wait_for(
             invocation_id,
             partial(_run, registry.get_invocation, invocation_id, agent=agent),
             lambda row: row["status"] in FINISHED or row["status"] == "pending",
             wait,
             unread_since=mark,
+            take_handed=own,
         )
 
 

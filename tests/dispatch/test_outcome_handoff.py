@@ -1,0 +1,70 @@
+"""Outcomes.hand: the in-process worker's outcome is the answer of the caller that made the
+call, without reading it back; nobody else takes it, and nothing is kept for nobody."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from toolrelay.dispatch.outcomes import Outcomes
+
+Row = dict[str, Any]
+
+
+class Reads:
+    """The read a waiter would make (the database's answer stands in as a row)."""
+
+    def __init__(self, row: Row) -> None:
+        self.row, self.count = row, 0
+
+    async def __call__(self) -> Row:
+        self.count += 1
+        return self.row
+
+
+def finished(row: Row) -> bool:
+    return row["status"] in ("completed", "failed")
+
+
+async def test_a_handed_outcome_answers_the_caller_that_made_the_call() -> None:
+    outcomes = Outcomes(None)  # nobody listens: only the hand-off can wake it before 30 s
+    ident = uuid.uuid4()
+    reads = Reads({"id": str(ident), "status": "running"})
+    waiting = asyncio.create_task(outcomes.wait_for(ident, reads, finished, 30.0, take_handed=True))
+    while not outcomes.waiting(ident):
+        await asyncio.sleep(0)
+    handed = {"id": str(ident), "status": "completed", "output": {"ok": True}}
+    outcomes.hand({str(ident): handed})
+    assert await asyncio.wait_for(waiting, 5.0) is handed
+    assert reads.count == 1  # its first read only (no mark: the listener was down)
+    assert outcomes._handed == {} and outcomes._taking == {}
+
+
+async def test_other_waiters_read_instead() -> None:
+    """The status tool's waiter (any id, checked by who may read it) is woken, and reads."""
+    outcomes = Outcomes(None)
+    ident = uuid.uuid4()
+    row = {"id": str(ident), "status": "completed", "output": {"from": "the database"}}
+    reads = Reads({"id": str(ident), "status": "running"})
+    waiting = asyncio.create_task(outcomes.wait_for(ident, reads, finished, 30.0))
+    while not outcomes.waiting(ident):
+        await asyncio.sleep(0)
+    reads.row = row
+    outcomes.hand({str(ident): {"id": str(ident), "status": "completed", "output": "handed"}})
+    assert (await asyncio.wait_for(waiting, 5.0))["output"] == {"from": "the database"}
+    assert reads.count == 2
+    assert outcomes._handed == {}  # nobody took it: not kept
+
+
+async def test_an_outcome_without_a_row_is_read() -> None:
+    outcomes = Outcomes(None)
+    ident = uuid.uuid4()
+    reads = Reads({"id": str(ident), "status": "running"})
+    waiting = asyncio.create_task(outcomes.wait_for(ident, reads, finished, 30.0, take_handed=True))
+    while not outcomes.waiting(ident):
+        await asyncio.sleep(0)
+    reads.row = {"id": str(ident), "status": "failed", "error_code": "tool_changed"}
+    outcomes.hand({str(ident): None})  # e.g. sent back to approval: only a read can tell
+    assert (await asyncio.wait_for(waiting, 5.0))["error_code"] == "tool_changed"
+    assert reads.count == 2
