@@ -61,12 +61,6 @@ POLL_INTERVAL = 1.0  # seconds; the fallback when no notification arrives
 SLEEP_AFTER = 0.02  # seconds
 SLEEP_RETRY = 0.05  # seconds to stay awake after registering asleep timed out on the lock
 LISTEN_CHECK = 0.05  # seconds between looks at whether LISTEN is up, before registering
-# A call's slot is free once its outcome is decided; its result is then recorded in a
-# batch. While other calls are still being sent, a batch of results waits this long for
-# more (a call alone is recorded at once), and at most this many results wait to be
-# recorded per slot before no more is claimed.
-RESULT_LINGER = 0.004  # seconds
-RECORDING_PER_SLOT = 1
 EXPIRE_INTERVAL = 5.0  # seconds between sweeps of pending approvals past their window
 SHUTDOWN_GRACE = 10.0  # seconds in-flight calls get after SIGTERM
 DB_RETRY_DELAY = 0.5  # seconds between attempts to reach a database that went away
@@ -141,8 +135,7 @@ class Worker:
         self.asleep = False  # registered asleep: calls notify it; its next claim wakes it
         self._quiet = False  # the last wait ran out with calls in flight and none finished
         self.stopping = asyncio.Event()
-        self.inflight: dict[UUID, asyncio.Task[None]] = {}  # claimed, result not recorded
-        self.sending = 0  # of those, outcome not decided yet: they hold a slot
+        self.inflight: dict[UUID, asyncio.Task[None]] = {}
         self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
         self.recording: set[UUID] = set()
         # In `serve`, the app's Outcomes.hand: its waiters wake as soon as `finish` commits,
@@ -164,9 +157,7 @@ class Worker:
         self.store = DispatchStore(pool, self.settings.worker_id, pooler=self.settings.pooler)
         names = await self._check_endpoints(pool)
         self.sent: Batcher[Row, bool] = Batcher(self._flush_sent)
-        self.done: Batcher[tuple[Row, Row], UUID | None] = Batcher(
-            self._flush_results, linger=self._result_linger, full=CLAIM_BATCH
-        )
+        self.done: Batcher[tuple[Row, Row], UUID | None] = Batcher(self._flush_results)
         if self.keyring is not None:
             self.resolver = CredentialResolver(pool, self.keyring)
         connector = make_connector(self.egress, limit=self.settings.concurrency)
@@ -219,7 +210,7 @@ class Worker:
             if time.monotonic() - last_expiry > EXPIRE_INTERVAL:
                 last_expiry = time.monotonic()
                 await self._db_call(self.store.expire_approvals())
-            free = self._free()
+            free = self.settings.concurrency - len(self.inflight)
             claimed = 0
             timeout = self.settings.poll_interval
             if free >= self._min_claim:
@@ -236,7 +227,7 @@ class Worker:
                 if claimed == want:
                     continue  # there may be more ready right now
                 if self.registered and self.listening:
-                    if self.sending and not self._quiet:
+                    if self.inflight and not self._quiet:
                         timeout = SLEEP_AFTER  # one finishing wakes us: no need to sleep yet
                     else:
                         timeout = await self._sleep(free - claimed)
@@ -245,16 +236,6 @@ class Worker:
             if await self._drained(claimed):
                 return
             await self._wait(timeout)
-
-    def _free(self) -> int:
-        """Slots for new calls: one per call not being sent, while the results waiting to
-        be recorded stay within RECORDING_PER_SLOT per slot."""
-        concurrency = self.settings.concurrency
-        backlog = (1 + RECORDING_PER_SLOT) * concurrency - len(self.inflight)
-        return min(concurrency - self.sending, backlog)
-
-    def _result_linger(self) -> float:
-        return RESULT_LINGER if self.sending else 0.0
 
     async def _sleep(self, free: int) -> float:
         """Register asleep and claim once more; how long to wait next (0: claim again)."""
@@ -289,7 +270,7 @@ class Worker:
         )
         for fut in pending:
             fut.cancel()
-        self._quiet = not done and bool(self.sending)
+        self._quiet = not done and bool(self.inflight)
 
     async def _db_call(self, coro: Any, default: Any = None) -> Any:
         """Run a store call; a database that went away is retried on the next turn."""
@@ -304,7 +285,6 @@ class Worker:
 
     def _start(self, row: Row) -> None:
         self.metrics.claimed += 1
-        self.sending += 1
         task = asyncio.create_task(self._handle(row))
         self.inflight[row["id"]] = task
         self.metrics.in_flight = len(self.inflight)
@@ -318,20 +298,12 @@ class Worker:
 
     # --- one invocation ------------------------------------------------------------------
 
-    def _decided(self) -> None:
-        """A call's outcome is known (or it was given up): its slot is free."""
-        self.sending -= 1
-        self.freed.set()
-
     async def _handle(self, row: Row) -> None:
         attempt = Attempt()
         limit = self._tool_limit(row)
         try:
-            try:
-                async with limit if limit is not None else contextlib.nullcontext():
-                    outcome, _ = await self._decide(row, attempt)
-            finally:
-                self._decided()
+            async with limit if limit is not None else contextlib.nullcontext():
+                outcome, _ = await self._decide(row, attempt)
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             # The database went away mid-way: the lease expires and the row is recovered.
             log.warning(
