@@ -21,7 +21,9 @@ streamable HTTP; the API with aiohttp):
 Then the peer (issue 14, goal 2; ``--no-peer`` leaves it out): ContextForge's MCP door
 (bench/contextforge.py) with the same tool, client and upstream, in rounds alternating with
 toolrelay's (``PEER_ROUNDS``, medians reported); its CPU is its process tree's (SQLite is
-in-process). When it cannot be installed, a line says it was skipped and why.
+in-process). Its 16 sessions get ``PEER_LEAD_S`` to open before their window (it takes ~10 s;
+each phase records in ``late_s`` how late its last session was). When it cannot be
+installed, a line says it was skipped and why.
 
 Every answer is checked (the upstream's ``{"ok": true}``): an error or a wrong answer, from
 either system, makes the run exit non-zero. Prints a table and writes
@@ -61,6 +63,7 @@ Sizes = tuple[int, int, int, float, int]  # calls, warm-up, sessions, seconds, p
 QUICK: Sizes = (50, 10, 16, 3.0, 4)
 WAIT_S = 10  # ?wait and the MCP bound: far above any answer here
 START_LEAD_S = 3.0  # seconds the client processes get to open their sessions
+PEER_LEAD_S = 20.0  # ContextForge opens 16 sessions (and makes their first call) in ~9-11 s
 GOALS = {"p50_ms": 5.0, "p99_ms": 20.0, "calls_per_s": 1000.0, "cpu_ms_per_call": 1.5}
 OUT_PATH = OUT_DIR / "agent-path.json"
 PEER_ROUNDS, QUICK_PEER_ROUNDS = 3, 1  # toolrelay, ContextForge, toolrelay, ... (medians)
@@ -169,24 +172,27 @@ async def sequential(
 
 def sessions_in_process(
     door: str, base: str, tokens: list[str], start: float, seconds: float, tool: str = TOOL_KEY
-) -> int:
-    """One client process: its sessions call back to back in [start, start + seconds)."""
+) -> tuple[int, float]:
+    """One client process: its sessions call back to back in [start, start + seconds).
+    Returns the calls made and when its last session was ready (opened and warm)."""
 
-    async def one(token: str) -> int:
-        async def body(call: Call) -> int:
+    async def one(token: str) -> tuple[int, float]:
+        async def body(call: Call) -> tuple[int, float]:
             await call(0)  # opened and warm before the window
-            await asyncio.sleep(max(0.0, start - time.time()))
+            ready = time.time()
+            await asyncio.sleep(max(0.0, start - ready))
             done = 0
             while time.time() < start + seconds:
                 await call(done)
                 done += 1
-            return done
+            return done, ready
 
-        count: int = await with_session(door, base, token, body, tool)
-        return count
+        counted: tuple[int, float] = await with_session(door, base, token, body, tool)
+        return counted
 
-    async def run() -> int:
-        return sum(await asyncio.gather(*(one(t) for t in tokens)))
+    async def run() -> tuple[int, float]:
+        counts = await asyncio.gather(*(one(t) for t in tokens))
+        return sum(c[0] for c in counts), max(c[1] for c in counts)
 
     return asyncio.run(run())
 
@@ -232,8 +238,9 @@ class Cpu:
 
 
 def phase(
-    door: str, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes, tool: str = TOOL_KEY
-) -> dict[str, Any]:
+    door: str, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes, tool: str = TOOL_KEY,
+    lead: float = START_LEAD_S,
+) -> dict[str, Any]:  # fmt: skip
     calls, warmup, sessions, seconds, processes = sizes
     before = cpu.sample()
     times = asyncio.run(sequential(door, base, tokens[0], calls, warmup, tool))
@@ -247,7 +254,7 @@ def phase(
             "postgres": pg_s / (calls + warmup) * 1000,
         },
     }
-    start = time.time() + START_LEAD_S
+    start = time.time() + lead
     groups = [tokens[1:][i::processes] for i in range(processes)]
     with ProcessPoolExecutor(processes) as pool:
         futures = [
@@ -257,12 +264,14 @@ def phase(
         before = cpu.sample()
         time.sleep(seconds)
         after = cpu.sample()
-        done = sum(f.result() for f in futures)
+        counts = [f.result() for f in futures]
+        done = sum(c[0] for c in counts)
     serve_s, pg_s = Cpu.used(before, after)
     wide = {
         "sessions": sessions,
         "calls": done,
         "calls_per_s": done / seconds,
+        "late_s": max(0.0, max(c[1] for c in counts) - start),  # > 0: the window began early
         "cpu_ms_per_call": {
             "serve": serve_s / max(done, 1) * 1000,
             "postgres": pg_s / max(done, 1) * 1000,
@@ -347,7 +356,9 @@ def peer_group(
                 system = "toolrelay"
                 runs[system].append(phase("mcp", base, tokens, cpu, sizes))
                 system = "contextforge"
-                runs[system].append(phase("mcp", peer.base, peer.tokens, tree, sizes, peer.tool))
+                runs[system].append(
+                    phase("mcp", peer.base, peer.tokens, tree, sizes, peer.tool, PEER_LEAD_S)
+                )
     except contextforge.Unavailable as exc:
         return out | {"skipped": str(exc)}
     except Exception as exc:  # a failed start, an error or a wrong answer: the run fails
@@ -380,6 +391,10 @@ def print_peer(peer: dict[str, Any]) -> None:
         r = peer[key]
         print(f"{label:27} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['calls_per_s']:20.0f}"
               f" {r['cpu_ms_per_call']:12.2f}")  # fmt: skip
+    for key, runs in peer["rounds"].items():
+        late = max(r["wide"]["late_s"] for r in runs)
+        if late > 0:
+            print(f"note: {key}'s last session was ready {late:.1f} s into a 16-session window")
     ratios, goals = peer["ratios"], peer["goals"]
     print(
         f"peer goal: calls/s x{ratios['calls_per_s']:.1f} (>= x10:"
