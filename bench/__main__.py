@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bench import invoke, latency, plot, profile, report, throughput
+from bench import invoke, latency, plot, profile, report, throughput, wake
 from bench.constants import (
     FULL,
     NOISE_SAMPLE_S,
@@ -67,7 +67,8 @@ def failures_of(results: dict[str, Any]) -> list[str]:
     found: list[str] = []
     drains: list[dict[str, Any]] = []
     if results.get("throughput"):
-        drains += [results["throughput"][k] for k in ("toolrelay", "raw", "peer")]
+        tp = results["throughput"]
+        drains += [tp[k] for k in ("toolrelay", "floor", "raw", "peer") if k in tp]
     drains += results.get("scaling") or []
     if results.get("memory"):
         drains.append(results["memory"])
@@ -87,7 +88,7 @@ def failures_of(results: dict[str, Any]) -> list[str]:
                 f" arrived, {r['non_terminal']} not terminal, {r['not_completed']} not completed"
                 f" {r['by_status']}"
             )
-    for r in results.get("invoke", []):
+    for r in results.get("invoke", []) + results.get("invoke_worker", []):
         if r["errors"]:
             found.append(f"invoke {r['variant']}: {r['errors']} errors")
     return found
@@ -107,12 +108,15 @@ def run_phases(ctx: Context, skip: set[str], stamp: str, results: dict[str, Any]
     def do_throughput() -> None:
         n = sizes.throughput_n
         ours = throughput.drain_toolrelay(ctx, n, 1, "throughput")
+        least = throughput.drain_floor(ctx, n)
         raw = throughput.drain_raw(ctx, n)
         other = throughput.drain_peer(ctx, n)
         results["throughput"] = {
             "toolrelay": ours.as_dict(),
+            "floor": least.as_dict(),
             "raw": raw.as_dict(),
             "peer": other.as_dict(),
+            "ratio_vs_floor": ours.per_s / least.per_s if least.per_s else 0.0,
             "ratio_vs_raw": ours.per_s / raw.per_s if raw.per_s else 0.0,
             "ratio_vs_peer": ours.per_s / other.per_s if other.per_s else 0.0,
         }
@@ -137,13 +141,20 @@ def run_phases(ctx: Context, skip: set[str], stamp: str, results: dict[str, Any]
 
     def do_invoke() -> None:
         results["invoke"] = [r.as_dict() for r in invoke.run(ctx, sizes.invoke_seconds)]
+        held = sizes.invoke_seconds / 2  # per variant with a worker running (3 x 2 of them)
+        results["invoke_worker"] = [r.as_dict() for r in wake.run(ctx, held)]
 
     def do_profile() -> None:
         results["profile"] = profile.run(ctx, sizes.profile_n, OUT_DIR, stamp).as_dict()
 
     n = f"{sizes.throughput_n:,}"
-    phase("throughput", f"{n} invocations: toolrelay, raw aiohttp, procrastinate", do_throughput)
-    phase("latency", f"{sizes.latency_seconds:g} s at each of 200/s and 1,000/s", do_latency)
+    phase(
+        "throughput",
+        f"{n} invocations: toolrelay, the minimal durable loop, raw aiohttp, procrastinate",
+        do_throughput,
+    )
+    held = sizes.sustained_seconds or sizes.latency_seconds
+    phase("latency", f"{sizes.latency_seconds:g} s at 200/s, {held:g} s at 1,000/s", do_latency)
     phase("scaling", f"{n} invocations with {SCALING_WORKERS} workers", do_scaling)
     phase("memory", f"{sizes.memory_queued:,} queued, one worker", do_memory)
     phase("invoke", f"{sizes.invoke_seconds:g} s per variant, 8 and 32 threads", do_invoke)

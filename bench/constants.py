@@ -51,6 +51,8 @@ class Sizes:
     memory_queued: int  # invocations queued for the memory phase
     invoke_seconds: float  # per variant of the invoke phase
     profile_n: int  # invocations drained under the profiler (0: no profile)
+    # the 1,000/s latency rate, sustained (issue 14, goal 4: 60 s); 0: latency_seconds
+    sustained_seconds: float = 0.0
 
 
 FULL = Sizes(
@@ -59,6 +61,7 @@ FULL = Sizes(
     memory_queued=100_000,
     invoke_seconds=10.0,
     profile_n=20_000,
+    sustained_seconds=60.0,
 )
 QUICK = Sizes(
     throughput_n=1_000,
@@ -71,6 +74,9 @@ QUICK = Sizes(
 # Targets of issue #7 for the full run.
 TARGET_VS_RAW = 0.5  # toolrelay throughput / raw aiohttp client
 TARGET_VS_PEER = 5.0  # toolrelay throughput / procrastinate
+TARGET_VS_FLOOR = 0.7  # toolrelay throughput / the minimal durable loop (issue 14, goal 4)
+TARGET_PG_US = 150.0  # PostgreSQL CPU µs per call, toolrelay's throughput drain (goal 4)
+TARGET_WORKER_US = 450.0  # worker CPU µs per call, the same drain (goal 4)
 TARGET_P50_200_MS = 10.0  # creation -> request at the upstream, 200/s
 TARGET_P99_200_MS = 50.0
 TARGET_P99_1000_MS = 100.0  # creation -> request at the upstream, 1,000/s

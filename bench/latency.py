@@ -196,6 +196,9 @@ def measure(ctx: Context, rate: int, seconds: float) -> RateResult:
     )
 
 
+SUSTAINED_RATE = 1_000  # invocations per second held for Sizes.sustained_seconds
+
+
 def run(ctx: Context, seconds: float, rates: tuple[int, ...] = LATENCY_RATES) -> list[RateResult]:
     clear_invocations(ctx.fx.url)
     ctx.upstream.reset()
@@ -208,7 +211,8 @@ def run(ctx: Context, seconds: float, rates: tuple[int, ...] = LATENCY_RATES) ->
         results = []
         for rate in rates:
             time.sleep(LATENCY_PAUSE_S)
-            results.append(measure(ctx, rate, seconds))
+            sustained = ctx.sizes.sustained_seconds if rate == SUSTAINED_RATE else 0.0
+            results.append(measure(ctx, rate, sustained or seconds))
     finally:
         usage = worker.stop()
     if usage.returncode != 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,11 @@ def _load(values: Any) -> str:
 
 
 def _sizes(sizes: dict[str, Any]) -> str:
+    sustained = sizes.get("sustained_seconds") or 0
     return (
         f"N = {sizes['throughput_n']:,} (throughput, scaling), {sizes['latency_seconds']:g} s per"
-        f" latency rate, {sizes['memory_queued']:,} queued (memory), {sizes['invoke_seconds']:g} s"
+        f" latency rate{f' (1,000/s: {sustained:g} s)' if sustained else ''},"
+        f" {sizes['memory_queued']:,} queued (memory), {sizes['invoke_seconds']:g} s"
         f" per invoke variant, profile N = {sizes['profile_n']:,}"
     )
 
@@ -62,7 +65,9 @@ def throughput_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
     rows: Rows = []
     tp = results.get("throughput")
     if tp:
-        for key in ("toolrelay", "raw", "peer"):
+        for key in ("toolrelay", "floor", "raw", "peer"):
+            if key not in tp:
+                continue  # results written before the floor existed
             r = tp[key]
             rows.append(
                 [r["system"], _n(r["per_s"]), f"{r['window_s']:.2f}", _n(r["upstream_per_s"]),
@@ -70,6 +75,8 @@ def throughput_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
                  "/".join(f"{m:.0f}" for m in r["rss_mb"]), _cost(r), _cores(r["cores"])]
             )  # fmt: skip
         blank = [""] * (len(head) - 2)
+        if "ratio_vs_floor" in tp:
+            rows.append(["toolrelay / minimal loop", f"{tp['ratio_vs_floor']:.2f}x", *blank])
         rows.append(["toolrelay / raw", f"{tp['ratio_vs_raw']:.2f}x", *blank])
         rows.append(["toolrelay / procrastinate", f"{tp['ratio_vs_peer']:.2f}x", *blank])
     return head, rows
@@ -78,6 +85,7 @@ def throughput_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
 def latency_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
     head = [
         "rate/s",
+        "s",
         "achieved/s",
         "→request p50/p95/p99/max ms",
         "→finished p50/p95/p99 ms",
@@ -89,7 +97,7 @@ def latency_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
     for r in results.get("latency", []):
         q, f = r["to_request_ms"], r["to_finish_ms"]
         rows.append(
-            [_n(r["rate"]), _n(r["achieved_per_s"]),
+            [_n(r["rate"]), f"{r['seconds']:g}", _n(r["achieved_per_s"]),
              f"{q['p50']:.1f} / {q['p95']:.1f} / {q['p99']:.1f} / {q['max']:.0f}",
              f"{f['p50']:.1f} / {f['p95']:.1f} / {f['p99']:.1f}",
              str(r["duplicates"]), str(r["missing"] + r["non_terminal"]), _cores(r["cores"])]
@@ -131,10 +139,10 @@ def memory_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
     ]  # fmt: skip
 
 
-def invoke_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
+def invoke_rows(results: dict[str, Any], key: str = "invoke") -> tuple[list[str], Rows]:
     head = ["variant", "threads", "invocations/s", "latency p50/p99 ms", "errors", "cores"]
     rows: Rows = []
-    for r in results.get("invoke", []):
+    for r in results.get(key, []):
         lat = r["latency_ms"]
         rows.append(
             [r["variant"], str(r["threads"]), _n(r["per_s"]), f"{lat['p50']:.1f} / {lat['p99']:.1f}",
@@ -165,6 +173,10 @@ SECTIONS = (
     ("3. Scaling (worker processes, same N)", scaling_rows),
     ("4. Memory (one worker drains the queue)", memory_rows),
     ("5. Invoke cost", invoke_rows),
+    (
+        "6. Invoke cost with a worker running (sleep protocol on, and off)",
+        lambda results: invoke_rows(results, "invoke_worker"),
+    ),
 )
 
 
@@ -216,9 +228,28 @@ def _md_table(head: list[str], rows: Rows) -> str:
     return "\n".join(lines)
 
 
+PROFILE_TITLE = "Profile of one worker"
+_SECTION = re.compile(r"(?m)^(?=## )")
+
+
+def kept_sections(text: str) -> list[str]:
+    """The sections of RESULTS.md this writer does not own (written by hand, e.g. by other
+    benchmarks), in their order: every ``## `` section whose title is not one it writes."""
+    owned = {"Targets", *(title for title, _ in SECTIONS)}
+    kept = []
+    for chunk in _SECTION.split(text)[1:]:
+        title = chunk.splitlines()[0].removeprefix("## ").strip()
+        if title in owned or title.startswith(PROFILE_TITLE):
+            continue
+        kept.append(chunk.rstrip("\n") + "\n")
+    return kept
+
+
 def write_markdown(
     results: dict[str, Any], targets: list[Target], path: Path, json_name: str
 ) -> None:
+    """Rewrites the sections it owns; hand-written sections of the file stay, after them."""
+    kept = kept_sections(path.read_text("utf-8")) if path.exists() else []
     meta = results["meta"]
     machine, noise = meta["machine"], meta["noise"]
     parts = [
@@ -260,7 +291,7 @@ def write_markdown(
     if rows:
         prof = results["profile"]
         parts += [
-            f"## Profile of one worker ({prof['tool']}, {prof['samples']:,} samples, "
+            f"## {PROFILE_TITLE} ({prof['tool']}, {prof['samples']:,} samples, "
             f"draining {prof['drain']['n']:,} at {prof['drain']['per_s']:,.0f}/s under the profiler)",
             "",
             _md_table(head, rows),
@@ -271,4 +302,5 @@ def write_markdown(
             "",
         ]
     parts += ["![benchmark plot](../docs/img/bench.png)", ""]
+    parts += kept
     path.write_text("\n".join(parts), "utf-8")

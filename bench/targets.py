@@ -12,10 +12,13 @@ from bench.constants import (
     TARGET_P50_200_MS,
     TARGET_P99_200_MS,
     TARGET_P99_1000_MS,
+    TARGET_PG_US,
     TARGET_RSS_MB,
     TARGET_SCALE_2,
+    TARGET_VS_FLOOR,
     TARGET_VS_PEER,
     TARGET_VS_RAW,
+    TARGET_WORKER_US,
 )
 
 MET, MISSED, EXCUSED, NOT_RUN = "met", "missed", "missed (saturated)", "not run"
@@ -40,6 +43,8 @@ def _judge(ok: bool) -> str:
 def evaluate(results: dict[str, Any]) -> list[Target]:
     out: list[Target] = []
     tp = results.get("throughput")
+    if tp and "ratio_vs_floor" in tp:
+        out += _floor_targets(tp)
     if tp:
         vs_raw, vs_peer = tp["ratio_vs_raw"], tp["ratio_vs_peer"]
         out.append(
@@ -114,6 +119,7 @@ def evaluate(results: dict[str, Any]) -> list[Target]:
                 _judge(rss <= TARGET_RSS_MB),
             )
         )
+    out += _wake_targets(results.get("invoke_worker") or [])
     invoke = {r["variant"]: r for r in results.get("invoke", [])}
     if "Registry.invoke" in invoke:
         rate = invoke["Registry.invoke"]["per_s"]
@@ -126,6 +132,60 @@ def evaluate(results: dict[str, Any]) -> list[Target]:
             )
         )
     return out
+
+
+def _wake_targets(rows: list[dict[str, Any]]) -> list[Target]:
+    """Issue 14, goal 3: with the dispatcher running, nothing serializes all invokers."""
+    by = {(r["variant"], r["threads"]): r["per_s"] for r in rows}
+    eight = by.get(("fn_invoke_tool, worker running", 8))
+    wide = by.get(("fn_invoke_tool, worker running", 32))
+    if not eight or wide is None:
+        return []
+    before = by.get(("fn_invoke_tool, worker running, every call notifies", 32))
+    note = f"{wide:,.0f}/s vs {eight:,.0f}/s" + (
+        f"; every call notifying: {before:,.0f}/s at 32" if before is not None else ""
+    )
+    return [
+        Target(
+            "fn_invoke_tool 32 vs 8 connections, worker running",
+            ">= 1.0x",
+            f"{wide / eight:.2f}x",
+            _judge(wide >= eight),
+            note,
+        )
+    ]
+
+
+def _floor_targets(tp: dict[str, Any]) -> list[Target]:
+    """Issue 14, goal 4: beside the minimal durable loop of the same run, and what a call
+    costs the worker and PostgreSQL in toolrelay's drain."""
+    ours, least = tp["toolrelay"], tp["floor"]
+    cost, floor_cost = ours["cpu_us_per_call"], least["cpu_us_per_call"]
+    ratio = tp["ratio_vs_floor"]
+    pg, sut = cost.get("postgres"), cost.get("sut")
+    return [
+        Target(
+            "throughput vs minimal durable loop",
+            f">= {TARGET_VS_FLOOR}x",
+            f"{ratio:.2f}x",
+            _judge(ratio >= TARGET_VS_FLOOR),
+            f"{ours['per_s']:,.0f}/s vs {least['per_s']:,.0f}/s",
+        ),
+        Target(
+            "PostgreSQL CPU per call (drain)",
+            f"<= {TARGET_PG_US:g} µs",
+            f"{pg:,.0f} µs" if pg is not None else "n/a",
+            _judge(pg is not None and pg <= TARGET_PG_US),
+            f"minimal loop {floor_cost.get('postgres', 0):,.0f} µs",
+        ),
+        Target(
+            "worker CPU per call (drain)",
+            f"<= {TARGET_WORKER_US:g} µs",
+            f"{sut:,.0f} µs" if sut is not None else "n/a",
+            _judge(sut is not None and sut <= TARGET_WORKER_US),
+            f"minimal loop {floor_cost.get('sut', 0):,.0f} µs",
+        ),
+    ]
 
 
 def _scaling_target(ratio: float, two: dict[str, Any]) -> Target:

@@ -1,9 +1,10 @@
-"""Draining a full queue: toolrelay with 1..k workers, the raw client, the procrastinate peer.
+"""Draining a full queue: toolrelay with 1..k workers, the minimal durable loop (the floor),
+the raw client, the procrastinate peer.
 
 Every rate here is "first work started → last result recorded":
-toolrelay: min(attempt.started_at) → max(invocation.finished_at);
-raw: first request started → last response read; peer: first job 'started' event → last
-'succeeded' event. The upstream's own window (first → last arrival) is reported beside it,
+toolrelay: min(attempt.started_at) → max(invocation.finished_at); floor: first job's
+started_at → last finished_at; raw: first request started → last response read; peer:
+first job 'started' event → last 'succeeded' event. The upstream's own window (first → last arrival) is reported beside it,
 and so is the CPU each party used over the same window.
 """
 
@@ -17,11 +18,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench import peer
+from bench import floor, peer
 from bench.constants import CONCURRENCY, DRAIN_TIMEOUT_S
 from bench.context import Context
 from bench.procs import Child, Usage, python_module, wait_all
-from bench.setup import clear_invocations, drain_stats, enqueue
+from bench.setup import admin, clear_invocations, drain_stats, enqueue
 from bench.upstream import Arrivals
 from bench.workers import gate, wait_blocked
 
@@ -83,6 +84,11 @@ def drain_toolrelay(
     clear_invocations(ctx.fx.url)
     ctx.upstream.reset()
     enqueue(ctx.fx, n)
+    # Statistics as autovacuum would have them for a queue this size: taken on the empty
+    # table, they can steer mark_sent and finish onto the runnable index (every queued
+    # row scanned per statement) instead of the primary key, a plan no real queue keeps.
+    with admin(ctx.fx.url) as conn:
+        conn.execute("ANALYZE agents.tool_invocations")
     launch = ctx.launch(drain=True)
     with gate(ctx.fx.url):
         children = [launch.start(f"{label}-w{i + 1}", interpreter) for i in range(workers)]
@@ -141,6 +147,38 @@ def drain_raw(ctx: Context, n: int) -> DrainResult:
         attempts=n,
         rss_mb=[round(usage.max_rss_mb, 1)],
         cores=ctx.cores(out["first_start"], out["last_end"]),
+    )
+
+
+def drain_floor(ctx: Context, n: int) -> DrainResult:
+    """The same calls through the minimal durable loop of bench/floor.py, its own process."""
+    floor.enqueue(ctx.fx.url, n)
+    ctx.upstream.reset()
+    argv = python_module("bench.floor", ctx.fx.url, ctx.upstream.url, str(CONCURRENCY))
+    child = Child("floor", argv, dict(os.environ), ctx.logs / "floor.log")
+    ctx.running = [child]
+    usage = child.wait(DRAIN_TIMEOUT_S)
+    _check_exits([child], [usage])
+    stats = floor.stats(ctx.fx.url)
+    arrivals = ctx.upstream.arrivals()
+    window = stats.last_finish - stats.first_start
+    time.sleep(SETTLE_S)
+    return DrainResult(
+        system=f"minimal loop (claim {floor.BATCH})",
+        n=n,
+        workers=1,
+        per_s=stats.done / window if window > 0 else 0.0,
+        window_s=window,
+        wall_s=usage.wall_s,
+        upstream_per_s=_upstream_rate(arrivals),
+        arrived=len(arrivals.first),
+        duplicates=arrivals.duplicates,
+        non_terminal=stats.open + (n - sum(stats.by_status.values())),
+        not_completed=n - stats.done - stats.open,
+        attempts=n,
+        rss_mb=[round(usage.max_rss_mb, 1)],
+        cores=ctx.cores(stats.first_start, stats.last_finish),
+        extra={"by_status": stats.by_status},
     )
 
 

@@ -38,6 +38,7 @@ class WorkerLaunch:
     concurrency: int = CONCURRENCY
     drain: bool = True
     source: Path | None = None  # a patched copy of src/ to run instead (experiments)
+    extra: tuple[str, ...] = ()  # more `toolrelay worker` options (e.g. --no-sleep-protocol)
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLRELAY_")}
@@ -59,6 +60,7 @@ class WorkerLaunch:
             "--drain" if self.drain else "--no-drain",
             "--concurrency",
             str(self.concurrency),
+            *self.extra,
         ]
         return [*(interpreter or [sys.executable]), "-m", "toolrelay.cli", "worker", *options]
 

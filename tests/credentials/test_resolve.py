@@ -216,3 +216,27 @@ def test_rewrap_with_unknown_key_aborts_everything(isolated_db: str, owner_a: UU
     with database.as_dispatcher() as conn:
         keys = conn.execute("SELECT key_id FROM agents.credentials ORDER BY key_id").fetchall()
     assert [r["key_id"] for r in keys] == ["k-stranger", "k1"]
+
+
+async def test_a_kept_plaintext_never_outlives_revocation_rotation_or_hosts(
+    store: CredentialStore,
+    database: Database,
+    resolver: CredentialResolver,
+    owner_a: UUID,
+    http: Any,
+) -> None:
+    """The resolver keeps decrypted values for a minute; status and hosts still come from
+    the row of each call, and a rotation (new sealed bytes) is decrypted anew."""
+    cid = store.add(owner_a, "api_key", "k", "old-value", [HOST])
+    assert await resolver.resolve(cid, HOST, 443, http) == "old-value"  # now kept
+    store.rotate(owner_a, cid, "new-value")
+    assert await resolver.resolve(cid, HOST, 443, http) == "new-value"
+    with database.as_owner(owner_a) as conn:
+        conn.execute("UPDATE agents.credentials SET status = 'revoked' WHERE id = %s", (cid,))
+    with pytest.raises(CredentialNeedsReauth, match="revoked"):
+        await resolver.resolve(cid, HOST, 443, http)
+    with database.as_owner(owner_a) as conn:
+        conn.execute("UPDATE agents.credentials SET status = 'active' WHERE id = %s", (cid,))
+    store.set_hosts(owner_a, cid, ["other.example.org"])
+    with pytest.raises(CredentialHostMismatch):
+        await resolver.resolve(cid, HOST, 443, http)

@@ -349,8 +349,9 @@ async def test_an_idle_worker_is_woken_by_a_call_long_before_its_poll(scene: Sce
     try:
         async with running_worker(scene, "w-e2e") as worker:
             for round_ in range(3):  # asleep again after each call
-                await wait_for(lambda: sleepers(scene) == ["w-e2e"], "the worker asleep")
-                assert worker.asleep
+                await wait_for(
+                    lambda: worker.asleep and sleepers(scene) == ["w-e2e"], "the worker asleep"
+                )
                 inv, began = invoke_and_time(scene, tool["key"])
                 await wait_for(
                     lambda inv=inv: scene.registry.get_invocation(inv)["status"] == "completed",

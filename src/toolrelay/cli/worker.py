@@ -72,6 +72,8 @@ def worker(
             sleep_protocol=sleep_protocol,
             summary_interval=summary_interval,
         )
-        asyncio.run(run_worker(db.url, settings, keyring))
+        url = db.url
+        db.close()  # its pool (and the pool's threads) is not used from here on
+        asyncio.run(run_worker(url, settings, keyring))
     except ToolrelayError as exc:
         raise fail(exc) from None

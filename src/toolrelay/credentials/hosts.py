@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 from toolrelay.errors import InvalidArgument
 
@@ -42,8 +43,16 @@ def split_host_entry(entry: str) -> tuple[str, int | None]:
     return _canonical_host(match.group(1), entry), port
 
 
+MATCHES_KEPT = 1024  # (allowed hosts, host, port) answers kept: the dispatcher asks per call
+
+
 def host_allowed(allowed: Iterable[str], host: str, port: int | None) -> bool:
     """Whether ``host`` (as in the request URL) and ``port`` match one entry."""
+    return _host_allowed(tuple(allowed), host, port)
+
+
+@lru_cache(maxsize=MATCHES_KEPT)  # pure: parsing the entries and the host is the cost
+def _host_allowed(allowed: tuple[str, ...], host: str, port: int | None) -> bool:
     try:
         target = _canonical_host(host, host)
     except InvalidArgument:

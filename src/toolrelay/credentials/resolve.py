@@ -1,9 +1,12 @@
 """The dispatcher's side: the value to place in a request, for one credential and one host.
 
 Each call reads the row (status and host binding must be current; the dispatcher reads it
-in the same statement that claims the invocation) and decrypts. Measured
-locally: unwrap + decrypt about 2-6 µs, a whole api_key resolve (pool checkout, one SELECT)
-about 140 µs, so caching plaintext would save almost nothing and is not done.
+in the same statement that claims the invocation) and checks it. The decrypted secret is
+kept for a minute, keyed by the credential and its exact sealed bytes (master key id,
+wrapped key, nonce, ciphertext): a rotation or any rewrite of the row is a new key, and
+status and host binding are checked on the row read for each call, never cached, so a
+revocation (status) or a host change applies to the next claim. The plaintext stays in
+this process's memory, where it is anyway while a call uses it; it is never logged.
 Service-account access tokens are cached per process (the token request is the expensive
 part); OAuth access tokens live encrypted in the row.
 """
@@ -51,6 +54,8 @@ log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 _S = TypeVar("_S", ApiKeySecret, OAuthSecret, ServiceAccountSecret)
+PLAIN_TTL = 60.0  # seconds a decrypted secret is kept
+PLAIN_KEPT = 256  # decrypted secrets kept at most (then all are forgotten)
 
 _SELECT = (
     "SELECT id, owner, name, kind, status, allowed_hosts, key_id, wrapped_key, nonce,"
@@ -84,6 +89,7 @@ class CredentialResolver:
         self._timeout = token_timeout
         self._touch_interval = touch_interval
         self._touched: dict[UUID, float] = {}
+        self._plain: dict[tuple[Any, ...], tuple[float, Secret]] = {}
         self._sa_tokens = ServiceAccountTokens(
             skew=refresh_skew, retry_delays=self._retry_delays, timeout=token_timeout
         )
@@ -181,7 +187,16 @@ class CredentialResolver:
         env = crypto.Envelope(
             row["key_id"], bytes(row["wrapped_key"]), bytes(row["nonce"]), bytes(row["ciphertext"])
         )
-        return decode_secret(row["kind"], crypto.unseal(self._keyring, _ident(row), env))
+        key = (row["id"], row["owner"], row["kind"], env)
+        now = time.monotonic()
+        hit = self._plain.get(key)
+        if hit is not None and now - hit[0] < PLAIN_TTL:
+            return hit[1]
+        secret = decode_secret(row["kind"], crypto.unseal(self._keyring, _ident(row), env))
+        if len(self._plain) >= PLAIN_KEPT:
+            self._plain.clear()
+        self._plain[key] = (now, secret)
+        return secret
 
     async def _touch(self, credential_id: UUID) -> None:
         """last_used_at, written at most once per interval per credential."""

@@ -183,6 +183,7 @@ def _endpoint_origin(endpoint_url: str | None) -> Origin | None:
         return None
 
 
+@lru_cache(maxsize=_ADDRESS_CACHE)  # pure (an error is raised again, never cached)
 def _literal_address(host: str) -> IPAddress | None:
     """The address an IP-literal host names, None for a host name.
 

@@ -27,7 +27,8 @@ from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
 from toolrelay.dispatch.outcome import Outcome, scrub, trim
 from toolrelay.dispatch.template import RenderedRequest, render_request
 from toolrelay.errors import CredentialMissing, EgressBlocked, InvocationError, ToolrelayError
-from toolrelay.registry.validation import validate_input, validator
+from toolrelay.registry.schemas import SchemaValidator
+from toolrelay.registry.validation import check_input, validator
 
 INVOCATION_HEADER = "X-Toolrelay-Invocation"
 Resolve = Callable[[UUID, str, int | None, "Mapping[str, Any] | None"], Awaitable[str]]
@@ -262,6 +263,32 @@ def check_digest(row: Mapping[str, Any], rendered: RenderedRequest) -> Outcome |
     )
 
 
+COMPILED_KEPT = 256  # schema objects whose validator is kept
+
+
+class _Compiled:
+    """Validators by schema object: the rows of one claim share their tool's schema dicts
+    (store.share_tools), so the validator's cache key (the schema serialized) is computed
+    once per tool and claim, not once per call. Each entry holds its schema, so its id()
+    cannot be reused by another object while the entry exists; rows are never mutated."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Mapping[str, Any], SchemaValidator]] = {}
+
+    def __call__(self, schema: Mapping[str, Any]) -> SchemaValidator:
+        hit = self._by_id.get(id(schema))
+        if hit is not None and hit[0] is schema:
+            return hit[1]
+        compiled = validator(schema)
+        if len(self._by_id) >= COMPILED_KEPT:
+            self._by_id.clear()
+        self._by_id[id(schema)] = (schema, compiled)
+        return compiled
+
+
+compiled_for = _Compiled()
+
+
 def precheck(row: Mapping[str, Any]) -> Outcome | None:
     """Refuse before sending: tool, agent, assignment, approval, fingerprint, gating, input."""
     if row["tool_status"] is None:
@@ -296,8 +323,8 @@ def precheck(row: Mapping[str, Any]) -> Outcome | None:
         )
     if row["endpoint_url"] is None:
         return Outcome.failed("no_endpoint", f"tool {row['tool_key']} has no endpoint_url")
-    validate_input(row["schema_input"], row["input"])
-    refusal = validator(row["schema_output"]).refusal if row["schema_output"] else None
+    check_input(compiled_for(row["schema_input"]), row["input"])
+    refusal = compiled_for(row["schema_output"]).refusal if row["schema_output"] else None
     if refusal is not None:  # stored past registration: refuse before anything leaves
         return Outcome.failed(
             "schema_error", f"the tool's schema_output {refusal}; the call was not sent"
@@ -398,7 +425,7 @@ def select(body: Any, pointer: str | None) -> tuple[Any, str | None]:
 def schema_mismatch(schema: Mapping[str, Any], output: Any) -> str | None:
     if not schema:
         return None
-    error = best_match(validator(schema).iter_errors(output))
+    error = best_match(compiled_for(schema).iter_errors(output))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"

@@ -20,6 +20,28 @@ Row = dict[str, Any]
 FINISH_FENCE = " AND i.attempt = r.attempt AND i.lease_owner = %(worker)s"
 POOL_MIN = 2
 POOL_MAX = 6
+# The claim's per-tool columns: on the first row of each tool only (tool_nth = 1).
+TOOL_COLUMNS = (
+    "current_fingerprint", "gated_now", "approval_ttl_seconds", "tool_key", "tool_status",
+    "endpoint_url", "http_method", "request_template", "auth_method", "auth_placement",
+    "auth_param_name", "auth_param_prefix", "credential_ref", "schema_input", "schema_output",
+    "response_pointer", "connect_timeout_seconds", "timeout_seconds", "max_response_bytes",
+    "max_attempts", "max_concurrency", "idempotency_header", "cred_id", "cred_owner",
+    "cred_name", "cred_kind", "cred_status", "cred_allowed_hosts", "cred_key_id",
+    "cred_wrapped_key", "cred_nonce", "cred_ciphertext", "cred_expires_at",
+)  # fmt: skip
+
+
+def share_tools(rows: list[Row]) -> list[Row]:
+    """Give every claimed row its tool's columns, which the claim sent once per tool (the
+    same statement read them: one version for all). The rows then share those values."""
+    firsts = {row["tool_id"]: row for row in rows if row["tool_nth"] == 1}
+    for row in rows:
+        if row.pop("tool_nth") != 1:
+            first = firsts[row["tool_id"]]
+            for column in TOOL_COLUMNS:
+                row[column] = first[column]
+    return rows
 
 
 async def _as_dispatcher(conn: AsyncConnection[Any]) -> None:
@@ -84,7 +106,7 @@ class DispatchStore:
         async with self.pool.connection() as conn:
             query = self.waking_claim if wake else self.q["claim"]
             cur = await conn.execute(query, self._claiming(limit, lease_seconds))
-            return await cur.fetchall()
+            return share_tools(await cur.fetchall())
 
     async def sleep_and_claim(self, limit: int, lease_seconds: float) -> tuple[bool, list[Row]]:
         """Register asleep (migration 0018), then claim once more: what arrived before the
@@ -100,7 +122,7 @@ class DispatchStore:
                     asleep_cur = await conn.execute(self.q["try_sleep"], params)
                     claim_cur = await conn.execute(self.q["claim"], params)
             row = await asleep_cur.fetchone()
-            return bool(row and row["asleep"]), await claim_cur.fetchall()
+            return bool(row and row["asleep"]), share_tools(await claim_cur.fetchall())
 
     def _claiming(self, limit: int, lease_seconds: float) -> dict[str, Any]:
         return {"limit": limit, "worker": self.worker, "lease": lease_seconds}

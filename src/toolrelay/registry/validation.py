@@ -42,7 +42,11 @@ def validator(schema: Mapping[str, Any]) -> SchemaValidator:
 
 def validate_input(schema: Mapping[str, Any], value: Any) -> None:
     """Raise InvalidInput naming the first violation, with its location in the input."""
-    compiled = validator(schema)
+    check_input(validator(schema), value)
+
+
+def check_input(compiled: SchemaValidator, value: Any) -> None:
+    """``validate_input`` with the schema's validator already in hand."""
     if compiled.refusal is not None:
         raise InvalidInput(
             f"the tool's schema_input {compiled.refusal}; the tool must be fixed before it"

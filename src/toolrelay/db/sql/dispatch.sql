@@ -3,6 +3,10 @@
 -- name: claim
 -- Claim up to %(limit)s runnable invocations (new, approved, due retries, or a dead
 -- worker's expired leases) and return each with the tool configuration to send it.
+-- The tool's part (its settings, fingerprint, gating now, its credential row) is computed
+-- once per tool and returned on the first row of each tool only (tool_nth = 1; NULL on
+-- the others, which store.py fills from the first: the same statement read it, so the
+-- same version). Nothing about a call is decided on less than a per-row read would give.
 WITH picked AS (
     SELECT id FROM agents.tool_invocations
      WHERE status = 'running' AND run_after <= now()
@@ -16,30 +20,47 @@ WITH picked AS (
            lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
       FROM picked
      WHERE i.id = picked.id
- RETURNING i.*
+ RETURNING i.id, i.owner, i.agent_id, i.tool_id, i.input, i.attempt, i.approval_status,
+           i.approval_expires_at, i.config_fingerprint, i.request_digest, i.sent_at
+), numbered AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.tool_id) AS tool_nth FROM claimed c
+), tools AS MATERIALIZED (
+    SELECT t.id AS tid,
+           agents.tool_fingerprint(t) AS current_fingerprint,
+           -- gating is decided again at every claim (SPEC §3), retries included
+           agents.tool_is_gated(t) AS gated_now, t.approval_ttl_seconds,
+           t.key AS tool_key, t.status AS tool_status, t.endpoint_url, t.http_method,
+           t.request_template, t.auth_method, t.auth_placement, t.auth_param_name,
+           t.auth_param_prefix, t.credential_ref, t.schema_input, t.schema_output,
+           t.response_pointer, t.connect_timeout_seconds, t.timeout_seconds,
+           t.max_response_bytes, t.max_attempts, t.max_concurrency, t.idempotency_header,
+           -- the credential row, so that resolving it costs no extra round trip
+           k.id AS cred_id, k.owner AS cred_owner, k.name AS cred_name, k.kind AS cred_kind,
+           k.status AS cred_status, k.allowed_hosts AS cred_allowed_hosts,
+           k.key_id AS cred_key_id, k.wrapped_key AS cred_wrapped_key, k.nonce AS cred_nonce,
+           k.ciphertext AS cred_ciphertext, k.expires_at AS cred_expires_at
+      FROM agents.tools_registry t
+      LEFT JOIN agents.credentials k ON k.id = t.credential_ref
+     WHERE t.id IN (SELECT tool_id FROM claimed)
 )
-SELECT c.id, c.owner, c.agent_id, c.tool_id, c.input, c.attempt, c.approval_status,
-       c.approval_expires_at, c.config_fingerprint, c.request_digest, c.sent_at,
-       agents.tool_fingerprint(t) AS current_fingerprint,
-       -- gating is decided again at every claim (SPEC §3), retries included
-       agents.tool_is_gated(t) AS gated_now, t.approval_ttl_seconds,
-       t.key AS tool_key, t.status AS tool_status, t.endpoint_url, t.http_method,
-       t.request_template, t.auth_method, t.auth_placement, t.auth_param_name,
-       t.auth_param_prefix, t.credential_ref, t.schema_input, t.schema_output,
-       t.response_pointer, t.connect_timeout_seconds, t.timeout_seconds,
-       t.max_response_bytes, t.max_attempts, t.max_concurrency, t.idempotency_header,
-       a.status AS agent_status, s.allowed AS assignment_allowed,
-       -- the credential row, so that resolving it costs no extra round trip
-       k.id AS cred_id, k.owner AS cred_owner, k.name AS cred_name, k.kind AS cred_kind,
-       k.status AS cred_status, k.allowed_hosts AS cred_allowed_hosts,
-       k.key_id AS cred_key_id, k.wrapped_key AS cred_wrapped_key, k.nonce AS cred_nonce,
-       k.ciphertext AS cred_ciphertext, k.expires_at AS cred_expires_at
-  FROM claimed c
+SELECT n.id, n.owner, n.agent_id, n.tool_id, n.input, n.attempt, n.approval_status,
+       n.approval_expires_at, n.config_fingerprint, n.request_digest, n.sent_at, n.tool_nth,
+       tools.current_fingerprint, tools.gated_now, tools.approval_ttl_seconds,
+       tools.tool_key, tools.tool_status, tools.endpoint_url, tools.http_method,
+       tools.request_template, tools.auth_method, tools.auth_placement,
+       tools.auth_param_name, tools.auth_param_prefix, tools.credential_ref,
+       tools.schema_input, tools.schema_output, tools.response_pointer,
+       tools.connect_timeout_seconds, tools.timeout_seconds, tools.max_response_bytes,
+       tools.max_attempts, tools.max_concurrency, tools.idempotency_header,
+       tools.cred_id, tools.cred_owner, tools.cred_name, tools.cred_kind, tools.cred_status,
+       tools.cred_allowed_hosts, tools.cred_key_id, tools.cred_wrapped_key, tools.cred_nonce,
+       tools.cred_ciphertext, tools.cred_expires_at,
+       a.status AS agent_status, s.allowed AS assignment_allowed
+  FROM numbered n
   -- LEFT: a deleted tool or agent fails the call in the worker instead of stranding it
-  LEFT JOIN agents.tools_registry t ON t.id = c.tool_id
-  LEFT JOIN agents.agents a ON a.id = c.agent_id
-  LEFT JOIN agents.tool_assignments s ON s.agent_id = c.agent_id AND s.tool_id = c.tool_id
-  LEFT JOIN agents.credentials k ON k.id = t.credential_ref;
+  LEFT JOIN tools ON tools.tid = n.tool_id AND n.tool_nth = 1
+  LEFT JOIN agents.agents a ON a.id = n.agent_id
+  LEFT JOIN agents.tool_assignments s ON s.agent_id = n.agent_id AND s.tool_id = n.tool_id;
 
 -- name: wake
 -- A worker that was registered asleep (migration 0018) is awake: calls stop notifying it.
