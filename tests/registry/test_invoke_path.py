@@ -235,3 +235,24 @@ def test_a_name_that_now_means_another_agent_is_read_again(
     latest = registry.list_invocations()[0]
     assert latest["input"] == {"text": "second"}
     assert latest["agent_id"] == registry.get_agent(agent)["id"] != first
+
+
+def test_the_list_stamp_tells_nothing_of_other_agents(registry: Registry) -> None:
+    """agents.agent_tools_stamp runs as its definer (migration 0021): it must check the
+    caller itself. An agent gets no stamp for another agent; an owner an empty one for an
+    agent that is not its own."""
+    agent, _tool = agent_with_tool(registry)
+    mine = registry.get_agent(agent)["id"]
+    other_id = registry.create_agent("other")
+    registry.assign("other", _tool["key"])
+    as_agent = Registry(registry.db, registry.owner, agent_id=mine)
+    stamp = "SELECT agents.agent_tools_stamp(%(a)s) AS stamp"
+    with registry.db.trips() as trips:
+        own = trips.run(owner_identity(registry.owner, mine), [(stamp, {"a": mine})])
+        peer = trips.run(owner_identity(registry.owner, mine), [(stamp, {"a": other_id})])
+        stranger = Registry(registry.db, uuid.uuid4())
+        foreign = trips.run(owner_identity(stranger.owner), [(stamp, {"a": mine})])
+        empty = trips.run(owner_identity(stranger.owner), [(stamp, {"a": uuid.uuid4()})])
+    assert own[0][0]["stamp"] == as_agent.tools_stamp() and own[0][0]["stamp"]
+    assert peer[0][0]["stamp"] is None
+    assert foreign[0][0]["stamp"] == empty[0][0]["stamp"] != own[0][0]["stamp"]
