@@ -140,12 +140,14 @@ async def with_session(
     async with aiohttp.ClientSession(base, headers=headers) as api:
 
         async def api_call(n: int) -> None:
-            body_ = {"tool": TOOL_KEY, "input": {"n": n}}
-            async with api.post("/v1/agent/invocations", json=body_) as resp:
+            body_, wait = {"tool": TOOL_KEY, "input": {"n": n}}, {"wait": str(WAIT_S)}
+            # One request (POST ?wait); a server that ignores ?wait answers at once, and
+            # the GET ?wait below waits instead (the baseline's path).
+            async with api.post("/v1/agent/invocations", json=body_, params=wait) as resp:
                 inv = await resp.json()
             if inv.get("status") != "completed":
                 path = f"/v1/agent/invocations/{inv['id']}"
-                async with api.get(path, params={"wait": str(WAIT_S)}) as resp:
+                async with api.get(path, params=wait) as resp:
                     inv = await resp.json()
             if inv.get("status") != "completed" or inv.get("output") != ANSWER:
                 raise RuntimeError(f"invocation not completed with the answer: {inv}")
