@@ -14,7 +14,7 @@ What it costs per call: c=1 p50/p99, 16 sessions' calls/s, its process's CPU per
   is, in a scratch directory, so its default database (SQLite, ``sqlite:///./mcp.db``) lands
   there. Its environment is not the harness's (no ``DATABASE_URL``, nothing of toolrelay's):
   PATH, HOME (the scratch directory), ``SETTINGS`` below, and fresh random secrets (it
-  refuses its default JWT and encryption keys).
+  refuses a default or weak JWT key).
 - Register, as its platform admin (a JWT from its own ``mcpgateway.utils.create_jwt_token``,
   the way its docs mint a test token): a REST tool POSTing ``{"n": ...}`` to the upstream
   with the same ``X-Api-Key`` header (stored encrypted, as its ``authheaders`` auth), marked
@@ -54,7 +54,7 @@ START_TIMEOUT_S = 120.0  # its first start creates the schema (alembic) and the 
 ADMIN = "admin@example.com"
 SETTINGS = {
     "SSRF_ALLOW_LOCALHOST": "true",  # the upstream is on 127.0.0.1 (toolrelay: its egress allow)
-    "RATE_LIMITING_ENABLED": "false",  # 100 calls/min per user by default (toolrelay's is raised)
+    "RATE_LIMITING_ENABLED": "false",  # 100 requests/min for MCP by default (toolrelay: raised)
     "MCPGATEWAY_CATALOG_ENABLED": "false",  # no catalog of public MCP servers to load
     "PLATFORM_ADMIN_EMAIL": ADMIN,
 }
