@@ -22,12 +22,12 @@ Text = Annotated[str, AfterValidator(_no_nul), Field(max_length=MAX_TEXT)]
 Name = Annotated[str, AfterValidator(_no_nul), Field(min_length=1, max_length=MAX_NAME)]
 JSONObject = dict[str, Any]
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
-AuthMethod = Literal["none", "api_key", "oauth", "service_account"]
+AuthMethod = Literal["none", "api_key", "oauth", "service_account", "basic"]
 EgressClass = Literal["none", "read_only", "write"]
 AuthPlacement = Literal["header", "query"]
 ToolStatus = Literal["active", "disabled", "deprecated"]
 InvocationStatus = Literal["pending", "running", "completed", "failed", "rejected", "expired"]
-CredentialKind = Literal["api_key", "oauth", "service_account"]
+CredentialKind = Literal["api_key", "oauth", "service_account", "basic"]
 Seconds = Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]
 
 
@@ -143,7 +143,8 @@ class CredentialIn(_In):
     kind: CredentialKind
     name: Name
     secret: Annotated[str, Field(min_length=1, max_length=65_536)] | JSONObject = Field(
-        description="An api_key string, or the oauth / service_account JSON object."
+        description="An api_key string, or the oauth / service_account / basic JSON object"
+        " (basic: {username, password})."
     )
     allowed_hosts: list[Name] = Field(default_factory=list, max_length=100)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import json
 import sys
 from enum import StrEnum
 from uuid import UUID
@@ -32,6 +33,7 @@ class Kind(StrEnum):
     api_key = "api_key"
     oauth = "oauth"
     service_account = "service_account"
+    basic = "basic"
 
 
 def _keyring() -> Keyring:
@@ -48,6 +50,9 @@ def _read_secret(kind: str) -> str:
     if sys.stdin.isatty():
         if kind == Kind.api_key.value:
             return getpass.getpass("secret (input hidden): ")
+        if kind == Kind.basic.value:  # the username shown as typed, the password hidden
+            username = input("username: ")
+            return json.dumps({"username": username, "password": getpass.getpass("password: ")})
         err_console.print(f"paste the {kind} JSON, then press Ctrl-D", highlight=False)
     text = sys.stdin.read()
     if text.endswith("\r\n"):
@@ -64,7 +69,9 @@ def _uuid(value: str) -> UUID:
 
 @credential_app.command()
 def add(
-    kind: Kind = typer.Option(..., "--kind", help="api_key, oauth or service_account."),
+    kind: Kind = typer.Option(
+        ..., "--kind", help="api_key, oauth, service_account or basic ({username, password})."
+    ),
     name: str = typer.Option(..., "--name", help="A name unique among your credentials."),
     host: list[str] = typer.Option(
         [], "--host", help="Allowed host or host:port (repeatable; default: first tool's host)."

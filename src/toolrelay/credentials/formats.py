@@ -5,6 +5,7 @@ Error messages name fields, never values.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -19,16 +20,18 @@ from toolrelay.errors import CredentialError, InvalidArgument
 __all__ = [
     "KINDS",
     "ApiKeySecret",
+    "BasicSecret",
     "OAuthSecret",
     "ParsedSecret",
     "Secret",
     "ServiceAccountSecret",
+    "basic_value",
     "decode_secret",
     "encode_secret",
     "parse_secret",
 ]
 
-KINDS = ("api_key", "oauth", "service_account")
+KINDS = ("api_key", "oauth", "service_account", "basic")
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,15 @@ class ServiceAccountSecret:
     key_id: str | None = None
 
 
-Secret = ApiKeySecret | OAuthSecret | ServiceAccountSecret
+@dataclass(frozen=True)
+class BasicSecret:
+    """HTTP basic (RFC 7617): sent as ``Basic base64(username:password)``."""
+
+    username: str
+    password: str = field(repr=False)
+
+
+Secret = ApiKeySecret | OAuthSecret | ServiceAccountSecret | BasicSecret
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,8 @@ def parse_secret(kind: str, text: str, now: datetime | None = None) -> ParsedSec
         return _parse_oauth(_json_object(kind, text, _OAUTH_FIELDS), now or datetime.now(UTC))
     if kind == "service_account":
         return ParsedSecret(_parse_service_account(_json_object(kind, text, _SA_FIELDS)))
+    if kind == "basic":
+        return ParsedSecret(_parse_basic(_json_object(kind, text, {"username", "password"})))
     raise InvalidArgument(f"unknown credential kind {kind!r}; use one of {', '.join(KINDS)}")
 
 
@@ -112,9 +125,16 @@ def decode_secret(kind: str, data: bytes) -> Secret:
             return ApiKeySecret(**fields)
         if kind == "oauth":
             return OAuthSecret(**fields)
+        if kind == "basic":
+            return BasicSecret(**fields)
         return ServiceAccountSecret(**fields)
     except (ValueError, TypeError):
         raise CredentialError(f"stored {kind} secret has an unexpected shape") from None
+
+
+def basic_value(secret: BasicSecret) -> str:
+    """What follows ``Basic `` in the header: base64 of ``username:password`` in UTF-8."""
+    return base64.b64encode(f"{secret.username}:{secret.password}".encode()).decode("ascii")
 
 
 def with_tokens(secret: OAuthSecret, access_token: str, refresh_token: str | None) -> OAuthSecret:
@@ -130,6 +150,19 @@ def _parse_api_key(text: str) -> ApiKeySecret:
     if any(ch in text for ch in "\r\n\0"):
         raise InvalidArgument("api_key: the secret contains a line break or NUL")
     return ApiKeySecret(text)
+
+
+def _parse_basic(obj: dict[str, Any]) -> BasicSecret:
+    username, password = obj.get("username"), obj.get("password")
+    if not isinstance(username, str) or not isinstance(password, str) or not password:
+        raise InvalidArgument(
+            "basic: fields 'username' and 'password' must be strings, the password not empty"
+        )
+    if ":" in username:  # RFC 7617: the first colon ends the user-id
+        raise InvalidArgument("basic: the username must not contain ':'")
+    if any(ch in username + password for ch in "\r\n\0"):
+        raise InvalidArgument("basic: the username or password contains a line break or NUL")
+    return BasicSecret(username, password)
 
 
 def _json_object(kind: str, text: str, allowed: set[str]) -> dict[str, Any]:

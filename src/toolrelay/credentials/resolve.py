@@ -29,9 +29,11 @@ from psycopg_pool import AsyncConnectionPool
 from toolrelay.credentials import crypto
 from toolrelay.credentials.formats import (
     ApiKeySecret,
+    BasicSecret,
     OAuthSecret,
     Secret,
     ServiceAccountSecret,
+    basic_value,
     decode_secret,
     encode_secret,
     with_tokens,
@@ -53,7 +55,7 @@ __all__ = ["CredentialResolver"]
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
-_S = TypeVar("_S", ApiKeySecret, OAuthSecret, ServiceAccountSecret)
+_S = TypeVar("_S", ApiKeySecret, OAuthSecret, ServiceAccountSecret, BasicSecret)
 PLAIN_TTL = 60.0  # seconds a decrypted secret is kept
 PLAIN_KEPT = 256  # decrypted secrets kept at most (then all are forgotten)
 
@@ -125,6 +127,8 @@ class CredentialResolver:
                 lambda: _expect(self._decrypt(row), ServiceAccountSecret),
                 http,
             )
+        if row["kind"] == "basic":
+            return basic_value(_expect(self._decrypt(row), BasicSecret))
         return _expect(self._decrypt(row), ApiKeySecret).value
 
     async def _oauth_token(self, row: Row, http: aiohttp.ClientSession) -> str:

@@ -31,7 +31,9 @@ _CHECKS = {
         "endpoint_url is required unless egress_class is none",
     "tools_registry_http_method_check": "http_method must be one of GET, POST, PUT, PATCH, DELETE",
     "tools_registry_auth_method_check":
-        "auth_method must be one of none, api_key, oauth, service_account",
+        "auth_method must be one of none, api_key, oauth, service_account, basic",
+    "tools_registry_basic_in_a_header_check":
+        "auth_method basic places its credential in a header: auth_placement must be header",
     "tools_registry_egress_class_check": "egress_class must be one of none, read_only, write",
     "tools_registry_auth_placement_check": "auth_placement must be header or query",
     "tools_registry_status_check": "status must be one of active, disabled, deprecated",
@@ -54,7 +56,7 @@ _CHECKS = {
     "agents_name_check": "an agent's name must not be empty",
     "agents_status_check": "an agent's status must be active or disabled",
     "credentials_name_check": "a credential's name must not be empty",
-    "credentials_kind_check": "kind must be one of api_key, oauth, service_account",
+    "credentials_kind_check": "kind must be one of api_key, oauth, service_account, basic",
     "api_tokens_name_check": "a token's name must not be empty",
 }  # fmt: skip
 _UNIQUE = {

@@ -6,6 +6,7 @@ marked as possibly-sent (``before_send``) before its request is written to the s
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -184,9 +185,9 @@ class Executor:
         value = await self.resolve_credential(
             row["credential_ref"], url.host or "", url.port, credential_row(row)
         )
-        prefix = row["auth_param_prefix"]
+        prefix = auth_prefix(row)
         placed = f"{prefix}{value}"
-        secrets.extend([value, placed])
+        secrets.extend([value, placed, *basic_parts(row, value)])
         name = row["auth_param_name"]
         if row["auth_placement"] == "query":
             shown_url = with_query_param(spec.url, name, prefix) + MASK
@@ -223,6 +224,23 @@ def build_request(row: Mapping[str, Any]) -> RenderedRequest:
     if row["idempotency_header"]:
         headers[row["idempotency_header"]] = f"toolrelay-{row['id']}"
     return dataclasses.replace(rendered, headers=headers)
+
+
+def auth_prefix(row: Mapping[str, Any]) -> str:
+    """What precedes the credential's value: the tool's auth_param_prefix, else ``Basic ``
+    for HTTP basic (RFC 7617)."""
+    if not row["auth_param_prefix"] and row["auth_method"] == "basic":
+        return "Basic "
+    return str(row["auth_param_prefix"] or "")
+
+
+def basic_parts(row: Mapping[str, Any], value: str) -> list[str]:
+    """For HTTP basic, ``username:password`` and the password decoded from ``value``: an
+    upstream echoing either is scrubbed like the header itself."""
+    if row["auth_method"] != "basic":
+        return []
+    decoded = base64.b64decode(value).decode()
+    return [decoded, decoded.partition(":")[2]]
 
 
 def credential_row(row: Mapping[str, Any]) -> dict[str, Any] | None:

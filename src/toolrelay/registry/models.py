@@ -9,7 +9,7 @@ from uuid import UUID
 from toolrelay.errors import InvalidArgument
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-AUTH_METHODS = ("none", "api_key", "oauth", "service_account")
+AUTH_METHODS = ("none", "api_key", "oauth", "service_account", "basic")
 EGRESS_CLASSES = ("none", "read_only", "write")
 TOOL_STATUSES = ("active", "disabled", "deprecated")
 

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from toolrelay.dispatch.bodies import media_type, shown_body
-from toolrelay.dispatch.executor import MASK, build_request, request_digest
+from toolrelay.dispatch.executor import MASK, auth_prefix, build_request, request_digest
 from toolrelay.errors import TemplateError
 
 __all__ = ["MASK", "Header", "Part", "RequestPreview", "preview_request"]
@@ -100,7 +100,7 @@ def preview_request(row: Mapping[str, Any]) -> RequestPreview:
     headers = [Header(name, _text(value)) for name, value in rendered.headers.items()]
     url: tuple[Part, ...] = _text(rendered.url)
     if _uses_credential(row):
-        prefix = row["auth_param_prefix"] or ""
+        prefix = auth_prefix(row)
         if row["auth_placement"] == "query":
             sep = "&" if "?" in rendered.url else "?"
             name = quote(row["auth_param_name"], safe="")
