@@ -52,7 +52,7 @@ import psycopg
 
 from bench import contextforge
 from bench.constants import OUT_DIR, TOOL_KEY
-from bench.procs import CLOCK_TICKS, Child, ServerProcesses, loadavg, python_module
+from bench.procs import Child, ServerProcesses, cpu_between, cpu_of, loadavg, python_module
 from bench.setup import create_database, drop_database, provision, server_admin_url
 from bench.upstream import RESPONSE_BODY, UpstreamProcess
 from toolrelay.registry import Registry
@@ -202,41 +202,34 @@ def sessions_in_process(
 # --- measuring -----------------------------------------------------------------------------
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-        except (OSError, IndexError):
-            continue
-    return total
-
-
 class Cpu:
-    """The serve process's and this database's backends' CPU seconds, read from /proc."""
+    """CPU seconds of process groups, "serve" and "postgres", read at a window's edges
+    (procs.cpu_of / cpu_between, as procs.Timeline counts them: pids present at both)."""
 
-    def __init__(self, admin_url: str, dbname: str, serve_pid: int) -> None:
-        self.admin_url, self.dbname, self.serve_pid = admin_url, dbname, serve_pid
+    def __init__(self, serve: Callable[[], list[int]], postgres: Callable[[], list[int]]) -> None:
+        self.groups = {"serve": serve, "postgres": postgres}
 
-    def backends(self) -> list[int]:
-        with psycopg.connect(self.admin_url) as conn:
-            rows = conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.dbname,)
-            ).fetchall()
-        return [row[0] for row in rows]
-
-    def sample(self) -> tuple[float, dict[int, float]]:
-        return cpu_seconds([self.serve_pid]), {p: cpu_seconds([p]) for p in self.backends()}
+    def sample(self) -> dict[str, dict[int, float]]:
+        return {name: cpu_of(pids()) for name, pids in self.groups.items()}
 
     @staticmethod
     def used(
-        before: tuple[float, dict[int, float]], after: tuple[float, dict[int, float]]
-    ) -> tuple[float, float]:
-        """(serve, postgres) seconds between two samples; only backends present in both."""
-        pg = sum(v - before[1][p] for p, v in after[1].items() if p in before[1])
-        return after[0] - before[0], pg
+        before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]
+    ) -> dict[str, float]:
+        return {name: cpu_between(before[name], after[name]) for name in after}
+
+
+def backends(admin_url: str, dbname: str) -> Callable[[], list[int]]:
+    """This database's backends (pg_stat_activity; walwriter and the like are not counted)."""
+
+    def pids() -> list[int]:
+        with psycopg.connect(admin_url) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,)
+            ).fetchall()
+        return [row[0] for row in rows]
+
+    return pids
 
 
 def phase(
@@ -246,15 +239,12 @@ def phase(
     calls, warmup, sessions, seconds, processes = sizes
     before = cpu.sample()
     times = asyncio.run(sequential(door, base, tokens[0], calls, warmup, tool))
-    serve_s, pg_s = Cpu.used(before, cpu.sample())
+    used = Cpu.used(before, cpu.sample())
     seq = {
         "p50_ms": statistics.median(times),
         "p99_ms": statistics.quantiles(times, n=100)[98],
         "max_ms": max(times),
-        "cpu_ms_per_call": {
-            "serve": serve_s / (calls + warmup) * 1000,
-            "postgres": pg_s / (calls + warmup) * 1000,
-        },
+        "cpu_ms_per_call": {k: s / (calls + warmup) * 1000 for k, s in used.items()},
     }
     start = time.time() + lead
     groups = [tokens[1:][i::processes] for i in range(processes)]
@@ -268,16 +258,13 @@ def phase(
         after = cpu.sample()
         counts = [f.result() for f in futures]
         done = sum(c[0] for c in counts)
-    serve_s, pg_s = Cpu.used(before, after)
+    used = Cpu.used(before, after)
     wide = {
         "sessions": sessions,
         "calls": done,
         "calls_per_s": done / seconds,
         "late_s": max(0.0, max(c[1] for c in counts) - start),  # > 0: the window began early
-        "cpu_ms_per_call": {
-            "serve": serve_s / max(done, 1) * 1000,
-            "postgres": pg_s / max(done, 1) * 1000,
-        },
+        "cpu_ms_per_call": {k: s / max(done, 1) * 1000 for k, s in used.items()},
     }
     return {"c1": seq, "wide": wide}
 
@@ -312,16 +299,6 @@ def print_table(results: dict[str, Any]) -> None:
 # --- the peer: ContextForge (issue 14, goal 2) ------------------------------------------------
 
 
-class TreeCpu(Cpu):
-    """A server's process tree (procs.ServerProcesses); its database is in-process (SQLite)."""
-
-    def __init__(self, pid: int) -> None:
-        self.tree = ServerProcesses(pid)
-
-    def sample(self) -> tuple[float, dict[int, float]]:
-        return cpu_seconds(self.tree()), {}
-
-
 def summary(rounds: list[dict[str, Any]]) -> dict[str, float]:
     """Medians over the rounds; CPU per call is everything measured (serve + PostgreSQL)."""
     rows = [
@@ -353,7 +330,7 @@ def peer_group(
     system = "contextforge"  # the one being started or measured
     try:
         with contextforge.running(upstream_url, free_port(), scratch, sizes[2] + 1) as peer:
-            tree = TreeCpu(peer.pid)
+            tree = Cpu(serve=ServerProcesses(peer.pid), postgres=list)  # SQLite: in-process
             for _ in range(rounds):
                 system = "toolrelay"
                 runs[system].append(phase("mcp", base, tokens, cpu, sizes))
@@ -466,7 +443,8 @@ def main(quick: bool, src: str | None = None, peer: bool = True) -> dict[str, An
         server = Child("serve", argv, env, scratch / "serve.log")
         base = f"http://127.0.0.1:{port}"
         wait_healthy(base, server)
-        cpu = Cpu(admin_url, str(psycopg.conninfo.conninfo_to_dict(url)["dbname"]), server.pid)
+        dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+        cpu = Cpu(serve=lambda: [server.pid], postgres=backends(admin_url, dbname))
         results: dict[str, Any] = {
             "load_before": loadavg(), "postgres": pg_source, "sizes": sizes, "src": src or "src/"
         }  # fmt: skip

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -111,14 +111,7 @@ class Child:
         """Poll VmHWM; called by the Timeline every tick while the child runs."""
         if self.usage is not None:
             return
-        try:
-            with open(f"/proc/{self.pid}/status", encoding="ascii") as fh:
-                for line in fh:
-                    if line.startswith("VmHWM:"):
-                        self.hwm_mb = max(self.hwm_mb, int(line.split()[1]) * KIB / MIB)
-                        return
-        except OSError:
-            return
+        self.hwm_mb = max(self.hwm_mb, peak_rss_mb(self.pid) or 0.0)
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -198,15 +191,49 @@ def _stat_fields(pid: int) -> list[str] | None:
         return None
 
 
+# --- one process, from /proc: the only readers of /proc/<pid>/stat and status in bench/ ---
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has used so far; None once it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def parent_pid(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[1])
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM: the peak resident memory since exec (ru_maxrss is not: it keeps the forking
+    process's peak from before exec); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * KIB / MIB
+    except OSError:
+        pass
+    return None
+
+
+def cpu_of(pids: Iterable[int]) -> dict[int, float]:
+    """CPU seconds per pid, for the pids still there."""
+    now = {pid: cpu_seconds(pid) for pid in pids}
+    return {pid: s for pid, s in now.items() if s is not None}
+
+
+def cpu_between(before: Mapping[int, float], after: Mapping[int, float]) -> float:
+    """CPU seconds used between two ``cpu_of`` readings by pids present in both (a process
+    that exits or starts in between does not count, so a sum never runs backwards)."""
+    return sum(s - before[pid] for pid, s in after.items() if pid in before)
+
+
 def children_of(parent: int) -> list[int]:
     """Processes whose parent is ``parent`` (e.g. the backends of a postmaster)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat_fields(int(entry))
-            if fields is not None and int(fields[1]) == parent:
-                found.append(int(entry))
-    return found
+    pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
+    return [pid for pid in pids if parent_pid(pid) == parent]
 
 
 @dataclass
@@ -248,13 +275,8 @@ class Timeline(threading.Thread):
         machine = cpu_sample()
         with self._lock:
             for name, pids in self.groups.items():
-                now: dict[int, float] = {}
-                for pid in pids():
-                    fields = _stat_fields(pid)
-                    if fields is not None:
-                        now[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-                before = self._last[name]
-                self._sums[name] += sum(v - before[p] for p, v in now.items() if p in before)
+                now = cpu_of(pids())
+                self._sums[name] += cpu_between(self._last[name], now)
                 self._last[name] = now
             self.ticks.append(_Tick(time.time(), machine.busy, machine.total, dict(self._sums)))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import platform
@@ -20,7 +21,7 @@ import psycopg
 from bench import peer
 from bench.constants import REPO_DIR, Sizes
 from bench.context import Context
-from bench.procs import ServerProcesses, Timeline, memory_total_mb
+from bench.procs import ServerProcesses, Timeline, memory_total_mb, parent_pid
 from bench.setup import create_database, drop_database, provision, server_admin_url, server_version
 from bench.upstream import UpstreamProcess
 
@@ -90,11 +91,7 @@ def postmaster_of(url: str) -> int | None:
     """The PostgreSQL server's main process, when it runs on this machine and is visible."""
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    try:
-        with open(f"/proc/{row[0] if row else 0}/stat", encoding="ascii") as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError):
-        return None
+    return parent_pid(row[0]) if row else None
 
 
 def tear_down(
@@ -115,7 +112,7 @@ def tear_down(
         cleanups.append(timeline.stop)
     if upstream is not None:
         cleanups.append(upstream.stop if ok else upstream.child.kill)
-    cleanups += [lambda url=url: drop_database(admin_url, url) for url in databases]
+    cleanups += [functools.partial(drop_database, admin_url, url) for url in databases]
     cleanups.append(stop_server)
     for cleanup in cleanups:
         try:
