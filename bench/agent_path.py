@@ -54,6 +54,7 @@ from bench import contextforge
 from bench.constants import OUT_DIR, TOOL_KEY
 from bench.procs import Child, ServerProcesses, cpu_between, cpu_of, loadavg, python_module
 from bench.setup import create_database, drop_database, provision, server_admin_url
+from bench.tables import print_table as print_rows
 from bench.upstream import RESPONSE_BODY, UpstreamProcess
 from toolrelay.registry import Registry
 from toolrelay.tokens import TokenStore
@@ -281,18 +282,19 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool]:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    print(f"{'door':5} {'p50 ms':>8} {'p99 ms':>8} {'c=1 cpu ms/call (serve+pg)':>27}"
-          f" {'16 sessions calls/s':>20} {'cpu ms/call (serve+pg)':>23}")  # fmt: skip
+    rows = []
     for door, r in results["doors"].items():
         c1, wide = r["c1"], r["wide"]
         c1cpu, wcpu = c1["cpu_ms_per_call"], wide["cpu_ms_per_call"]
-        print(
-            f"{door:5} {c1['p50_ms']:8.2f} {c1['p99_ms']:8.2f}"
-            f" {c1cpu['serve']:13.2f} + {c1cpu['postgres']:.2f}"
-            f" {wide['calls_per_s']:20.0f} {wcpu['serve']:12.2f} + {wcpu['postgres']:.2f}"
-        )
-        met = ", ".join(f"{k} {'met' if ok else 'MISSED'}" for k, ok in r["goals"].items())
-        print(f"      goals: {met}")
+        missed = [k for k, ok in r["goals"].items() if not ok]
+        rows.append([
+            door, f"{c1['p50_ms']:.2f}", f"{c1['p99_ms']:.2f}",
+            f"{c1cpu['serve']:.2f} + {c1cpu['postgres']:.2f}", f"{wide['calls_per_s']:.0f}",
+            f"{wcpu['serve']:.2f} + {wcpu['postgres']:.2f}", ", ".join(missed) or "all met",
+        ])  # fmt: skip
+    head = ["door", "p50 ms", "p99 ms", "c=1 cpu ms/call (serve + pg)", "16 sessions calls/s",
+            "cpu ms/call (serve + pg)", "goals missed"]  # fmt: skip
+    print_rows(head, rows)
     print(f"load average before / after: {results['load_before']} / {results['load_after']}")
 
 
@@ -364,12 +366,13 @@ def print_peer(peer: dict[str, Any]) -> None:
         print("\n".join(peer["log_tail"]))
         print(f"{peer['name']}: FAILED, {peer['failed']}")
         return
-    print(f"\n{'MCP, medians of ' + str(len(peer['rounds']['toolrelay'])) + ' rounds':27}"
-          f" {'p50 ms':>8} {'p99 ms':>8} {'16 sessions calls/s':>20} {'cpu ms/call':>12}")  # fmt: skip
-    for label, key in (("toolrelay", "toolrelay"), (peer["name"], "contextforge")):
-        r = peer[key]
-        print(f"{label:27} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['calls_per_s']:20.0f}"
-              f" {r['cpu_ms_per_call']:12.2f}")  # fmt: skip
+    rows = [
+        [label, f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['calls_per_s']:.0f}",
+         f"{r['cpu_ms_per_call']:.2f}"]
+        for label, r in (("toolrelay", peer["toolrelay"]), (peer["name"], peer["contextforge"]))
+    ]  # fmt: skip
+    title = f"\nMCP, medians of {len(peer['rounds']['toolrelay'])} rounds"
+    print_rows(["system", "p50 ms", "p99 ms", "16 sessions calls/s", "cpu ms/call"], rows, title)
     for key, runs in peer["rounds"].items():
         late = max(r["wide"]["late_s"] for r in runs)
         if late > 0:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.setup import create_database, drop_database, server_admin_url
+from bench.tables import print_table as print_rows
 from toolrelay.db import Database
 from toolrelay.db.connect import owner_identity
 from toolrelay.db.migrate import migrate
@@ -98,10 +99,9 @@ def main(quick: bool) -> list[dict[str, object]]:
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
-    print(f"{'schema':15} {'tools':>6} {'Registry.call ms':>17} {'stamp alone ms':>15}")
-    for row in rows:
-        print(f"{row['schema']!s:15} {row['tools']:>6} {row['call_ms']:>17.2f}"
-              f" {row['stamp_ms']:>15.2f}")  # fmt: skip
+    cells = [[str(r["schema"]), str(r["tools"]), f"{r['call_ms']:.2f}", f"{r['stamp_ms']:.2f}"]
+             for r in rows]  # fmt: skip
+    print_rows(["schema", "tools", "Registry.call ms", "stamp alone ms"], cells)
 
 
 if __name__ == "__main__":

@@ -43,9 +43,9 @@ from bench.constants import DRAIN_TIMEOUT_S, FULL, OUT_DIR, QUICK
 from bench.context import Context
 from bench.latency import IDENTITY_SQL, generate, percentiles, wait_listening, wait_settled
 from bench.procs import loadavg, noise_sample, wait_all
-from bench.report import _md_table as md_table
 from bench.session import open_session
 from bench.setup import Fixture, admin, create_database, drop_database, enqueue, provision
+from bench.tables import md_table
 from bench.workers import WorkerLaunch, gate, wait_blocked
 from toolrelay.db.connect import OWNER_ROLE
 from toolrelay.db.queries import parse

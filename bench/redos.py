@@ -15,18 +15,19 @@ Writes bench/out/redos-<UTC timestamp>.json; exits 1 when a toolrelay row misses
 from __future__ import annotations
 
 import json
+import os
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from bench.constants import OUT_DIR
+from bench.procs import Child
+from bench.tables import print_table as print_rows
 from toolrelay.dispatch.executor import schema_mismatch
 
 EVIL = "^(a+)+$"
@@ -36,7 +37,6 @@ RUNS = 21  # the median is reported
 RE_LENGTHS = range(16, 41, 2)  # characters tried with Python's re, until one is over budget
 RE_BUDGET_S = 0.5  # a length taking longer ends the series
 RE_KILL_S = 10.0  # a child still running past this is killed (its length counts as over)
-console = Console() if Console().is_terminal else Console(width=120)
 
 CHILD = """
 import sys, time
@@ -72,7 +72,7 @@ def _median_ms(schema: dict[str, Any], output: Any) -> float:
 
 def toolrelay_rows() -> list[Row]:
     text = "a" * TEXT_CHARS + "!"
-    cases = [
+    cases: list[tuple[str, dict[str, Any], Any]] = [
         ("pattern", {"type": "string", "pattern": EVIL}, text),
         (
             "patternProperties key",
@@ -91,21 +91,23 @@ def toolrelay_rows() -> list[Row]:
 
 def python_re_rows() -> list[Row]:
     rows = []
-    for n in RE_LENGTHS:
-        try:
-            done = subprocess.run(
-                [sys.executable, "-c", CHILD, str(n), EVIL],
-                capture_output=True,
-                text=True,
-                timeout=RE_KILL_S,
-                check=True,
+    with tempfile.TemporaryDirectory(prefix="toolrelay-redos-") as scratch:
+        for n in RE_LENGTHS:
+            argv = [sys.executable, "-c", CHILD, str(n), EVIL]
+            child = Child(
+                f"re-{n}", argv, os.environ, Path(scratch) / "re.log", capture_stdout=True
             )
-            ms = float(done.stdout) * 1000
-        except subprocess.TimeoutExpired:
-            ms = RE_KILL_S * 1000  # at least
-        rows.append(Row("Python re (stock jsonschema)", "pattern", n + 1, ms, "", None))
-        if ms > RE_BUDGET_S * 1000:
-            break
+            try:
+                usage = child.wait(RE_KILL_S)
+            except TimeoutError:
+                ms = RE_KILL_S * 1000  # at least
+            else:
+                if usage.returncode != 0:
+                    raise RuntimeError(f"the re child failed: {child.tail()}")
+                ms = float(child.readline()) * 1000
+            rows.append(Row("Python re (stock jsonschema)", "pattern", n + 1, ms, "", None))
+            if ms > RE_BUDGET_S * 1000:
+                break
     return rows
 
 
@@ -117,15 +119,13 @@ def growth_per_char(rows: list[Row]) -> float | None:
 
 
 def print_table(rows: list[Row], growth: float | None) -> None:
-    table = Table(title="ReDoS: ^(a+)+$ against a text that almost matches", title_justify="left")
-    for column in ("engine", "case", "characters", "time ms", "target", "status"):
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        status = "" if r.met is None else "[green]met[/green]" if r.met else "[red]missed[/red]"
-        table.add_row(r.engine, r.case, f"{r.chars:,}", f"{r.ms:,.3f}", r.target, status)
-    console.print(table)
+    status = {None: "", True: "met", False: "MISSED"}
+    cells = [[r.engine, r.case, f"{r.chars:,}", f"{r.ms:,.3f}", r.target, status[r.met]]
+             for r in rows]  # fmt: skip
+    head = ["engine", "case", "characters", "time ms", "target", "status"]
+    print_rows(head, cells, "ReDoS: ^(a+)+$ against a text that almost matches")
     if growth is not None:
-        console.print(
+        print(
             f"Python's re: x{growth:.2f} per extra character; stopped at the first length over"
             f" {RE_BUDGET_S:g} s. RE2 checks {TEXT_CHARS:,} characters in the time above."
         )
@@ -145,7 +145,7 @@ def main() -> int:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"redos-{stamp}.json"
     path.write_text(json.dumps(results, indent=1) + "\n", "utf-8")
-    console.print(f"results: {path}")
+    print(f"results: {path}")
     return 0 if all(r.met for r in ours) else 1
 
 
