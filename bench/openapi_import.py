@@ -13,7 +13,8 @@ GitHub's ``repository`` holds ``simple-user`` and ``license-simple``), shared pa
 responses by ``$ref``, OpenAPI 3.0 ``nullable``, descriptions of GitHub's length. Written as
 JSON (and, for the YAML row, as YAML), then each child process times ``load_openapi`` and
 ``tools_from_openapi`` (every tool's schemas checked as registering checks them) and reports
-its peak RSS (``ru_maxrss``), then checks every tool's schemas again as
+its peak RSS (VmHWM, ``procs.peak_rss_mb``; ``ru_maxrss`` would keep the harness's peak
+from before exec), then checks every tool's schemas again as
 ``Registry.register_tools`` does (the database round trips are not counted).
 """
 
@@ -22,12 +23,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Final
+
+from bench.constants import REPO_DIR
+from bench.procs import Child, peak_rss_mb, python_module
+from bench.tables import print_table as print_rows
 
 OPERATIONS: Final = 1200
 SCHEMAS: Final = 2400
@@ -197,8 +201,6 @@ def document(operations: int = OPERATIONS, schemas: int = SCHEMAS) -> dict[str, 
 
 def run(path: Path) -> None:
     """In the child: import ``path`` as the CLI does (without the database); print JSON."""
-    import resource
-
     from toolrelay.export.openapi import load_openapi, tools_from_openapi
     from toolrelay.registry.validation import check_json_schema
 
@@ -211,7 +213,7 @@ def run(path: Path) -> None:
         check_json_schema("schema_input", spec.schema_input)
         check_json_schema("schema_output", spec.schema_output)
     checked = time.perf_counter()
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_mb = peak_rss_mb(os.getpid()) or 0.0  # VmHWM, exact: read before exiting
     print(json.dumps({
         "load_s": round(loaded - started, 2),
         "map_s": round(mapped - loaded, 2),
@@ -224,17 +226,16 @@ def run(path: Path) -> None:
 
 
 def _child(path: Path, source: Path) -> dict[str, Any]:
-    env = os.environ | {"PYTHONPATH": f"{source}{os.pathsep}{Path(__file__).parents[1]}"}
+    env = os.environ | {"PYTHONPATH": f"{source}{os.pathsep}{REPO_DIR}"}
+    argv = python_module("bench.openapi_import", "run", str(path))
+    child = Child("import", argv, env, path.with_suffix(".log"), capture_stdout=True)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "bench.openapi_import", "run", str(path)],
-            env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
+        usage = child.wait(TIMEOUT_S)
+    except TimeoutError:
         return {"error": f"over {TIMEOUT_S} s"}
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or ["?"])[-1]}
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if usage.returncode != 0:
+        return {"error": (child.tail().splitlines() or ["?"])[-1]}
+    result: dict[str, Any] = json.loads(child.readline())
     return result
 
 
@@ -243,7 +244,7 @@ def main(quick: bool, baseline: Path | None) -> dict[str, Any]:
 
     factor = QUICK_FACTOR if quick else 1
     doc = document(OPERATIONS // factor, SCHEMAS // factor)
-    here = Path(__file__).parents[1] / "src"
+    here = REPO_DIR / "src"
     sources = {"current": here} | ({"baseline": baseline} if baseline else {})
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -274,19 +275,15 @@ def print_table(out: dict[str, Any]) -> None:
         f"{out['operations']} operations, {out['schemas']} schemas;"
         f" JSON {out['document_mb']['json']} MB, YAML {out['document_mb']['yaml']} MB"
     )
-    print(
-        f"{'code':9} {'format':6} {'load s':>7} {'map s':>7} {'checks s':>9} {'total s':>8}"
-        f" {'peak MB':>8} tools"
+    rows = [
+        [r["code"], r["format"], *(f"{r[k]:.2f}" for k in ("load_s", "map_s", "register_checks_s",
+         "total_s")), f"{r['peak_rss_mb']:.1f}", str(r["tools"])]
+        if "error" not in r else [r["code"], r["format"], f"error: {r['error']}", "", "", "", "", ""]
+        for r in out["rows"]
+    ]  # fmt: skip
+    print_rows(
+        ["code", "format", "load s", "map s", "checks s", "total s", "peak MB", "tools"], rows
     )
-    for r in out["rows"]:
-        if "error" in r:
-            print(f"{r['code']:9} {r['format']:6} error: {r['error']}")
-            continue
-        print(
-            f"{r['code']:9} {r['format']:6} {r['load_s']:7.2f} {r['map_s']:7.2f}"
-            f" {r['register_checks_s']:9.2f}"
-            f" {r['total_s']:8.2f} {r['peak_rss_mb']:8.1f} {r['tools']}"
-        )
     goal = out["goal"]
     verdict = "within" if out["within_goal"] else "NOT within"
     print(f"current code {verdict} the goal ({goal['seconds']} s, {goal['peak_rss_mb']} MB)")
