@@ -15,7 +15,7 @@ Three phases, one function each; every table this prints names the function that
   mark_sent, finish), batches of 1 and of 64, and the HOT share of its updates by fillfactor.
 
 The session, processes and CPU come from bench/session.py and bench/procs.py, the table
-writer from bench/report.py. Prints the tables and writes them to bench/out/history-<stamp>.md.
+writer from bench/tables.py. Prints the tables and writes them to bench/out/history-<stamp>.md.
 Exits 1, after a ``FAIL:`` line, when an invocation reached the upstream twice or did not
 complete.
 """
@@ -41,13 +41,21 @@ from psycopg.types.json import Jsonb
 
 from bench.constants import DRAIN_TIMEOUT_S, FULL, OUT_DIR, QUICK
 from bench.context import Context
-from bench.latency import IDENTITY_SQL, generate, percentiles, wait_listening, wait_settled
+from bench.latency import generate, percentiles, wait_listening, wait_settled
 from bench.procs import loadavg, noise_sample, wait_all
 from bench.session import open_session
-from bench.setup import Fixture, admin, create_database, drop_database, enqueue, provision
+from bench.setup import (
+    ENQUEUE_SQL,
+    Fixture,
+    act_as_owner,
+    admin,
+    create_database,
+    drop_database,
+    enqueue,
+    provision,
+)
 from bench.tables import md_table
 from bench.workers import WorkerLaunch, gate, wait_blocked
-from toolrelay.db.connect import OWNER_ROLE
 from toolrelay.db.queries import parse
 
 US, MS, KB, MB = 1e6, 1e3, 1024, 2**20
@@ -57,9 +65,6 @@ FILL_WORKER, STEP = "history-fill", "history-lifecycle"  # the attempt rows' `wo
 FRESH = "owner = %s AND created_at > now() - interval '12 hours'"  # the fill ends a day ago
 RUNNABLE_INDEX = "tool_invocations_runnable_idx"
 TABLES = ("tool_invocations", "tool_invocation_attempts")
-CREATE_SQL = (  # as bench/setup.py's enqueue, in one autocommit statement of its own
-    "SELECT count(fn_invoke_tool(%s, %s, jsonb_build_object('n', g))) FROM generate_series(1, %s) g"
-)
 
 
 @dataclass(frozen=True)
@@ -440,8 +445,7 @@ def lifecycle(fx: Fixture, q: dict[str, str], batch: int, batches: int, ff: int)
             psycopg.connect(fx.url, autocommit=True, row_factory=dict_row) as disp,
             psycopg.connect(fx.url, autocommit=True) as meter,
         ):
-            claims = json.dumps({"sub": str(fx.owner), "role": OWNER_ROLE})
-            owner.execute(IDENTITY_SQL, (str(fx.owner), claims))
+            act_as_owner(owner, fx.owner)
             disp.execute("SET ROLE service_role")
 
             def step(name: str, conn: psycopg.Connection[Any], text: str, p: Any) -> list[Any]:
@@ -451,7 +455,8 @@ def lifecycle(fx: Fixture, q: dict[str, str], batch: int, batches: int, ff: int)
                 return rows
 
             for _ in range(batches):
-                step("create", owner, CREATE_SQL, (fx.agent_id, fx.tool_id, batch))
+                create = {"agent": fx.agent_id, "tool": fx.tool_id, "start": 1, "stop": batch}
+                step("create", owner, ENQUEUE_SQL, create)
                 got = step("claim", disp, q["claim"], {"limit": batch, "worker": STEP, "lease": 30})
                 if len(got) != batch:
                     raise RuntimeError(f"claimed {len(got)} of {batch}: the queue was not empty")

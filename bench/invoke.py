@@ -13,7 +13,6 @@ Each runs with every call notifying (as shipped), with NOTIFY to sleeping worker
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -26,10 +25,9 @@ from psycopg.types.json import Jsonb
 
 from bench.constants import AGENT_NAME, INVOKE_THREADS, TOOL_KEY
 from bench.context import Context
-from bench.latency import IDENTITY_SQL, INVOKE_SQL, percentiles
-from bench.setup import Fixture, admin, clear_invocations
+from bench.latency import INVOKE_SQL, percentiles
+from bench.setup import Fixture, act_as_owner, admin, clear_invocations
 from toolrelay.db import Database
-from toolrelay.db.connect import OWNER_ROLE
 from toolrelay.registry import Registry
 from toolrelay.registry.validation import validate_input
 
@@ -139,8 +137,7 @@ def _before_call(db: Database, owner: UUID) -> tuple[Call, Close]:
 
 def _sql_call(fx: Fixture) -> tuple[Call, Close]:
     conn = psycopg.connect(fx.url, autocommit=True)
-    claims = json.dumps({"sub": str(fx.owner), "role": OWNER_ROLE})
-    conn.execute(IDENTITY_SQL, (str(fx.owner), claims))
+    act_as_owner(conn, fx.owner)
 
     def call(k: int) -> None:
         conn.execute(INVOKE_SQL, (fx.agent_id, fx.tool_id, Jsonb({"n": k}))).fetchone()

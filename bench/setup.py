@@ -30,6 +30,7 @@ from bench.constants import (
 )
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
 from toolrelay.db import Database, migrate
+from toolrelay.db.connect import owner_identity
 from toolrelay.registry import Registry, ToolSpec
 
 TERMINAL = ("completed", "failed", "rejected", "expired")
@@ -41,6 +42,12 @@ INPUT_SCHEMA: dict[str, Any] = {
 ENQUEUE_SQL = (
     "SELECT count(fn_invoke_tool(%(agent)s, %(tool)s, jsonb_build_object('n', g))) AS n"
     " FROM generate_series(%(start)s::int, %(stop)s::int) AS g"
+)
+# toolrelay.db.connect's identity (owner_identity), for a whole session instead of a transaction
+SESSION_IDENTITY_SQL = (
+    "SELECT set_config('role', %s, false),"
+    " set_config('request.jwt.claim.sub', %s, false),"
+    " set_config('request.jwt.claims', %s, false)"
 )
 
 
@@ -155,6 +162,11 @@ def enqueue(fx: Fixture, n: int, first: int = 1) -> None:
             params = {"agent": fx.agent_id, "tool": fx.tool_id, "start": start, "stop": stop}
             conn.execute(ENQUEUE_SQL, params)
         start = stop + 1
+
+
+def act_as_owner(conn: psycopg.Connection[Any], owner: UUID) -> None:
+    """``conn``, for the rest of its session, as the API's owner role for ``owner``."""
+    conn.execute(SESSION_IDENTITY_SQL, owner_identity(owner))
 
 
 @contextmanager
