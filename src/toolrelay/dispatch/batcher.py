@@ -32,13 +32,17 @@ class Batcher(Generic[T, R]):
         self._runner: asyncio.Task[None] | None = None
 
     async def submit(self, item: T) -> R:
+        return await self.enqueue(item)
+
+    def enqueue(self, item: T) -> asyncio.Future[R]:
+        """Queue ``item`` now; the future is its result once written."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         if self._full and len(self._pending) >= self._full:
             self._filled.set()
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run())
-        return await future
+        return future
 
     async def _run(self) -> None:
         while self._pending:

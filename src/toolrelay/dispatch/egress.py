@@ -482,7 +482,7 @@ class EgressPolicy:
         if grant is None:
             grant = self._hop_grant()
         name, plain = _normalise_host(host), _unscoped(ip)
-        if any(entry.opens(name, plain, port) for entry in grant.entries):
+        if _grant_opens(grant, name, plain, port):
             return
         what = f"{host} is not public" if _same_literal(host, ip) else f"{host} resolves to {ip}"
         on_port = "" if port is None else f" on port {port}"
@@ -504,6 +504,11 @@ class EgressPolicy:
         if ports:
             return f"{ALLOW_ENV} allows it on port {', '.join(map(str, ports))} only"
         return _HINT
+
+
+@lru_cache(maxsize=_ADDRESS_CACHE)  # pure: grants are frozen, one per tool and credential
+def _grant_opens(grant: Grant, name: str, ip: IPAddress, port: int | None) -> bool:
+    return any(entry.opens(name, ip, port) for entry in grant.entries)
 
 
 def _same_literal(host: str, ip: IPAddress) -> bool:

@@ -34,6 +34,11 @@ from toolrelay.registry.validation import check_input, validator
 INVOCATION_HEADER = "X-Toolrelay-Invocation"
 Resolve = Callable[[UUID, str, int | None, "Mapping[str, Any] | None"], Awaitable[str]]
 CRED_PREFIX = "cred_"  # claim columns carrying the credential row
+CRED_COLUMNS = tuple(
+    f"{CRED_PREFIX}{name}"
+    for name in ("id", "owner", "name", "kind", "status", "allowed_hosts", "key_id",
+                 "wrapped_key", "nonce", "ciphertext", "expires_at")
+)  # fmt: skip
 MASK = "••••"  # the credential's value where it was sent; the approvals page's mask too
 
 
@@ -247,7 +252,7 @@ def credential_row(row: Mapping[str, Any]) -> dict[str, Any] | None:
     """The credential columns the claim returned, under their own names."""
     if row.get(f"{CRED_PREFIX}id") is None:
         return None
-    return {k.removeprefix(CRED_PREFIX): v for k, v in row.items() if k.startswith(CRED_PREFIX)}
+    return {k.removeprefix(CRED_PREFIX): row[k] for k in CRED_COLUMNS if k in row}
 
 
 def request_digest(rendered: RenderedRequest) -> str:

@@ -6,6 +6,7 @@ import asyncio
 import re
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import aiohttp
@@ -109,7 +110,7 @@ async def _exchange(
     headers: dict[str, str],
 ) -> Response:
     policy.check_url(url)
-    timeout = aiohttp.ClientTimeout(total=spec.total_timeout, sock_connect=spec.connect_timeout)
+    timeout = _timeout(spec.total_timeout, spec.connect_timeout)
     kwargs: dict[str, Any] = {"headers": headers, "timeout": timeout, "allow_redirects": False}
     if spec.payload is not None:
         kwargs["data"] = spec.payload
@@ -130,6 +131,11 @@ async def _exchange(
         raise
     except Exception as exc:
         raise _classify(exc, spec) from None
+
+
+@lru_cache(maxsize=256)  # a tool's two timeouts: one frozen object, not one per request
+def _timeout(total: float, connect: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=total, sock_connect=connect)
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:

@@ -58,7 +58,7 @@ CHANNEL = "toolrelay_runnable"
 POLL_INTERVAL = 1.0  # seconds; the fallback when no notification arrives
 # With calls in flight and nothing to claim: how long to wait for one of them to finish
 # (which wakes the loop) before registering asleep, so that calls notify again.
-SLEEP_AFTER = 0.02  # seconds
+SLEEP_AFTER = 0.003  # seconds
 SLEEP_RETRY = 0.05  # seconds to stay awake after registering asleep timed out on the lock
 LISTEN_CHECK = 0.05  # seconds between looks at whether LISTEN is up, before registering
 # A call's slot is free once its outcome is decided; its result is then recorded in a
@@ -360,7 +360,7 @@ class Worker:
         # the claim back while that result is being written.
         self.recording.add(row["id"])
         try:
-            recorded = await asyncio.shield(self._record(row, outcome, attempt))
+            recorded = await self._record(row, outcome, attempt)
         finally:
             self.recording.discard(row["id"])
         if recorded:  # not written: counted as a lost lease or an unrecorded result instead
@@ -408,7 +408,7 @@ class Worker:
 
     async def _before_send(self, row: Mapping[str, Any]) -> bool:
         """Durably mark a write as possibly sent; False when our lease is gone."""
-        return await self.sent.submit(dict(row))
+        return await self.sent.enqueue({"id": row["id"], "attempt": row["attempt"]})
 
     async def _resolve(
         self, credential_id: UUID, host: str, port: int | None, row: Mapping[str, Any] | None
@@ -437,8 +437,11 @@ class Worker:
         }
         if self.on_outcomes is not None:
             self._told[result["id"]] = (row["tool_key"], row["approval_status"])
+        # Queued before the first await, and only the wait is shielded: a shutdown does not
+        # lose a result already decided (nor hand the claim back while it is written).
+        queued = self.done.enqueue((result, attempt.record(row, outcome)))
         try:
-            written = await self.done.submit((result, attempt.record(row, outcome)))
+            written = await asyncio.shield(queued)
         except (psycopg.OperationalError, psycopg.InterfaceError):
             log.warning(
                 "could not record a result; the lease will expire and be recovered",

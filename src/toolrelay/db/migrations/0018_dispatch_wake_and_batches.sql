@@ -100,3 +100,16 @@ REVOKE EXECUTE ON FUNCTION agents.fn_dispatch_register(text, double precision),
     agents.fn_dispatch_unregister(text), agents.fn_dispatch_try_sleep(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agents.fn_dispatch_register(text, double precision),
     agents.fn_dispatch_unregister(text), agents.fn_dispatch_try_sleep(text) TO service_role;
+
+-- 4. Only rows that become runnable call the notify trigger's function: the worker's finish
+--    changes status on every call, and for each of those rows the function was called to
+--    do nothing. The function (0016's) decides as before; its name and INSERT trigger stay.
+DROP TRIGGER tool_invocations_notify ON agents.tool_invocations;
+CREATE TRIGGER tool_invocations_notify
+    AFTER INSERT ON agents.tool_invocations
+    FOR EACH ROW WHEN (NEW.status = 'running')
+    EXECUTE FUNCTION agents.tg_tool_invocations_notify();
+CREATE TRIGGER tool_invocations_notify_runnable
+    AFTER UPDATE OF status ON agents.tool_invocations
+    FOR EACH ROW WHEN (NEW.status = 'running' AND OLD.status IS DISTINCT FROM 'running')
+    EXECUTE FUNCTION agents.tg_tool_invocations_notify();

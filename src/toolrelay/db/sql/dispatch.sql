@@ -15,11 +15,13 @@ WITH picked AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), claimed AS (
+    -- By primary key, whatever the statistics say (= ANY of an array: a handful of rows
+    -- to the planner; joined with picked, a small queue's stale statistics can make it a
+    -- scan of the whole table).
     UPDATE agents.tool_invocations i
        SET attempt = i.attempt + 1, lease_owner = %(worker)s,
            lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
-      FROM picked
-     WHERE i.id = picked.id
+     WHERE i.id = ANY (ARRAY(SELECT id FROM picked))
  RETURNING i.id, i.owner, i.agent_id, i.tool_id, i.input, i.attempt, i.approval_status,
            i.approval_expires_at, i.config_fingerprint, i.request_digest, i.sent_at
 ), numbered AS (
@@ -82,11 +84,16 @@ SELECT agents.fn_dispatch_unregister(%(worker)s);
 
 -- name: mark_sent
 -- Before a write leaves: record that it may have left, fenced by lease and attempt.
+-- Rows by primary key whatever the statistics say: "= ANY (ARRAY(...))" is a handful of
+-- rows to the planner, and the status is tested as coalesce(status, '') (status is NOT
+-- NULL): "status = 'running'" would match the runnable index's predicate, and statistics
+-- taken on a smaller queue then make the planner walk every queued row per statement.
 UPDATE agents.tool_invocations i
    SET sent_at = now()
   FROM jsonb_to_recordset(%(items)s) AS r(id uuid, attempt integer)
  WHERE i.id = r.id AND i.attempt = r.attempt AND i.lease_owner = %(worker)s
-   AND i.status = 'running'
+   AND i.id = ANY (ARRAY(SELECT (e ->> 'id')::uuid FROM jsonb_array_elements(%(items)s) e))
+   AND coalesce(i.status, '') = 'running'
 RETURNING i.id;
 
 -- name: finish
@@ -140,7 +147,9 @@ UPDATE agents.tool_invocations i
        updated_at = now()
   FROM r
  WHERE i.id = r.id AND i.attempt = r.attempt AND i.lease_owner = %(worker)s
-   AND i.status = 'running'
+   -- by primary key whatever the statistics say (see mark_sent)
+   AND i.id = ANY (ARRAY(SELECT (e ->> 'id')::uuid FROM jsonb_array_elements(%(results)s) e))
+   AND coalesce(i.status, '') = 'running'
 RETURNING i.id, i.status
 ), told AS (
     SELECT count(pg_notify('toolrelay_done', ids)) AS n
