@@ -63,7 +63,7 @@ def run(ctx: Context, seconds: float) -> list[InvokeResult]:
         ("fn_invoke_tool", lambda: invoke._sql_call(fx), WIDE_THREADS),
         ("Registry.invoke", lambda: invoke._registry_call(db, fx.owner), INVOKE_THREADS),
     ]
-    results = []
+    results: list[InvokeResult] = []
     try:
         for label, options in PROTOCOLS:
             clear_invocations(fx.url)
