@@ -1,14 +1,18 @@
 """OpenAPI 3.x operations as toolrelay tools (``toolrelay import openapi``).
 
 The stages: openapi_load.py reads the document and resolves ``$ref``; openapi_schemas.py
-converts schemas; openapi_auth.py places credentials; this module maps each operation to a
-tool and checks it as registering will. Each operation becomes one tool (docs/interop.md
+converts schemas (component schemas once per document and direction: readOnly properties
+left out of inputs, writeOnly ones out of outputs); openapi_auth.py places credentials;
+openapi_request.py maps an operation's parameters and request body to input members and a
+request template; this module maps each operation to a tool and checks it as registering
+will. Each operation becomes one tool (docs/interop.md
 has the full mapping):
 
 - key: ``operationId`` (or ``<method>_<path slug>``), after the optional key prefix;
   name: ``summary``; description: ``description`` (else the summary); category: first tag.
 - endpoint_url: the first server URL (operation, path or document level, variables at their
-  defaults) + the path, each ``{param}`` a ``{{input.<param>}}`` placeholder.
+  defaults) + the path before any ``#``, each ``{param}`` a ``{{input.<param>}}``
+  placeholder (``.`` or ``;name=`` before it for the label and matrix styles).
 - query and header parameters: ``request_template.query`` / ``.headers`` members holding
   whole-value placeholders, so optional ones left out of the input are omitted.
 - a JSON request body whose schema is an object with properties: its properties become
@@ -17,7 +21,8 @@ has the full mapping):
 - schema_input: every parameter and body member, with ``required``, and
   ``additionalProperties: false``; referenced component schemas go under ``$defs``.
   OpenAPI 3.0's ``nullable`` and boolean ``exclusiveMinimum``/``exclusiveMaximum`` become
-  JSON Schema 2020-12. schema_output: the first 2xx JSON response's schema.
+  JSON Schema 2020-12. schema_output: the first 2xx JSON response's schema (past 64 KiB,
+  only the component schemas nearest its root).
 - egress_class ``write`` for any method but GET and for ``x-openai-isConsequential: true``,
   else ``read_only``.
 - security: the first requirement toolrelay can place: an apiKey in a header or the query,
@@ -28,11 +33,12 @@ has the full mapping):
 
 A document that is not OpenAPI 3.x, or has no importable operation, is refused with one error.
 An operation that is broken (a ``$ref`` that does not resolve, no absolute server URL, a key
-another operation has, two parameters that become one input member, a ``#`` in its path, ...)
+another operation has, two parameters that become one input member, a ``?`` in its path, ...)
 is skipped with the reason, or refuses the whole document with ``strict``. Operations
-toolrelay cannot express (a non-JSON body, a cookie parameter, an array in the
-query, HEAD/OPTIONS/TRACE, a security scheme it cannot place) are skipped, each with the
-reason, and optional parameters it cannot express are dropped with a warning.
+toolrelay cannot express (a non-JSON body, a JSON body of another media type than
+application/json, a cookie parameter, an array in the path or query, a parameter carrying a
+second credential, HEAD/OPTIONS/TRACE, a security scheme it cannot place) are skipped, each
+with the reason, and optional parameters it cannot express are dropped with a warning.
 """
 
 from __future__ import annotations
@@ -51,21 +57,23 @@ from toolrelay.export.openapi_auth import fitting, parse_auth
 from toolrelay.export.openapi_auth import placeable as _placeable
 from toolrelay.export.openapi_load import deref as _deref
 from toolrelay.export.openapi_load import load_openapi
+from toolrelay.export.openapi_request import BODY_MEMBER, RequestMapper, is_json
+from toolrelay.export.openapi_request import Input as _Input
+from toolrelay.export.openapi_request import Skip as _Skip
+from toolrelay.export.openapi_request import text as _text
 from toolrelay.export.openapi_schemas import Schemas as _Schemas
 from toolrelay.registry.models import ToolSpec
 from toolrelay.registry.validation import check_json_schema
 
-__all__ = ["ImportPlan", "load_openapi", "parse_auth", "tools_from_openapi"]
+__all__ = ["ImportPlan", "load_openapi", "parse_auth", "plan_openapi", "tools_from_openapi"]
 
 METHODS: Final = ("get", "put", "post", "delete", "patch")
 UNSUPPORTED_METHODS: Final = ("head", "options", "trace")
 KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-IDENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-IGNORED_HEADERS: Final = frozenset({"accept", "content-type", "authorization"})
-FORBIDDEN_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "connection"})
-BODY_MEMBER: Final = "body"
 MAX_REASONS_SHOWN: Final = 5  # in the error for a document with nothing importable
-HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
+# A response schema larger than this (JSON characters) keeps only the component schemas near
+# its root (openapi_schemas.Schemas.with_defs): MCP lists tools in pages of ~512 KiB.
+OUTPUT_SCHEMA_BUDGET: Final = 64 * 1024
 
 
 @dataclass
@@ -75,10 +83,6 @@ class ImportPlan:
     tools: list[ToolSpec] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # "<METHOD> <path>: <why>"
     warnings: list[str] = field(default_factory=list)
-
-
-class _Skip(Exception):
-    """This operation cannot be expressed as a tool; the message says why."""
 
 
 def tools_from_openapi(
@@ -101,6 +105,40 @@ def tools_from_openapi(
     (``parse_auth``) how to place the credential where the document declares no security;
     ``credential_kind`` picks, among the schemes an operation accepts, one that kind fits.
     """
+    plan = plan_openapi(
+        doc,
+        credential_ref=credential_ref,
+        key_prefix=key_prefix,
+        strict=strict,
+        server=server,
+        auth=auth,
+        credential_kind=credential_kind,
+    )
+    if not plan.tools:
+        shown = plan.skipped[:MAX_REASONS_SHOWN]
+        more = len(plan.skipped) - len(shown)
+        reasons = "; ".join(shown) + (f"; and {more} more" if more else "") or "no operations"
+        raise InvalidArgument(f"the document has no operation toolrelay can import ({reasons})")
+    if credential_ref is not None and all(spec.credential_ref is None for spec in plan.tools):
+        plan.warnings.append(
+            "--credential is used by no tool: no operation declares a security scheme it fits"
+            " (state one with --auth when the document declares none)"
+        )
+    return plan
+
+
+def plan_openapi(
+    doc: Mapping[str, Any],
+    *,
+    credential_ref: UUID | None = None,
+    key_prefix: str = "",
+    strict: bool = False,
+    server: str | None = None,
+    auth: str | None = None,
+    credential_kind: str | None = None,
+) -> ImportPlan:
+    """``tools_from_openapi`` without refusing a document that has nothing importable: every
+    operation is a tool or a skip with its reason (the corpus test reads both)."""
     version = doc.get("openapi")
     if "swagger" in doc:
         raise InvalidArgument("Swagger 2.0 is not supported: convert the document to OpenAPI 3")
@@ -132,28 +170,7 @@ def tools_from_openapi(
         seen[spec.key] = where
         plan.tools.append(spec)
         plan.warnings.extend(f"{where}: {w}" for w in warnings)
-    if not plan.tools:
-        shown = plan.skipped[:MAX_REASONS_SHOWN]
-        more = len(plan.skipped) - len(shown)
-        reasons = "; ".join(shown) + (f"; and {more} more" if more else "") or "no operations"
-        raise InvalidArgument(f"the document has no operation toolrelay can import ({reasons})")
-    if credential_ref is not None and all(spec.credential_ref is None for spec in plan.tools):
-        plan.warnings.append(
-            "--credential is used by no tool: no operation declares a security scheme it fits"
-            " (state one with --auth when the document declares none)"
-        )
     return plan
-
-
-def _is_json(media_type: str) -> bool:
-    base = media_type.split(";", 1)[0].strip().lower()
-    return base == "application/json" or base.endswith("+json")
-
-
-def _input_name(name: str) -> str:
-    """A template-safe input member name for a parameter (``filter[id]`` → ``filter_id_``)."""
-    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", name)
-    return cleaned if IDENT.fullmatch(cleaned) else f"_{cleaned}"
 
 
 def _slug(text: str) -> str:
@@ -163,30 +180,7 @@ def _slug(text: str) -> str:
 # --- operations ---------------------------------------------------------------------------
 
 
-@dataclass
-class _Input:
-    """The schema_input being built and the request template members that use it."""
-
-    properties: dict[str, Any] = field(default_factory=dict)
-    required: list[str] = field(default_factory=list)
-    origin: dict[str, str] = field(default_factory=dict)  # input member -> what it came from
-    query: dict[str, str] = field(default_factory=dict)
-    headers: dict[str, str] = field(default_factory=dict)
-    body: Any = None
-    warnings: list[str] = field(default_factory=list)
-
-    def add(self, member: str, schema: Any, required: bool, origin: str) -> None:
-        if member in self.properties:
-            raise InvalidArgument(
-                f"{origin} and {self.origin[member]} both become the input member {member!r}"
-            )
-        self.properties[member] = schema
-        self.origin[member] = origin
-        if required:
-            self.required.append(member)
-
-
-class _Importer:
+class _Importer(RequestMapper):
     def __init__(
         self,
         doc: Mapping[str, Any],
@@ -202,6 +196,9 @@ class _Importer:
         self.base_url = server
         self.stated_auth = stated_auth
         self.credential_kind = credential_kind
+        # Component schemas converted once per document and direction, shared by its tools.
+        self.inputs = _Schemas(doc, direction="write")
+        self.outputs = _Schemas(doc, direction="read")
 
     def operations(self, paths: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
         """(path, method, where) per operation; method is "" for a path item that is not
@@ -226,10 +223,8 @@ class _Importer:
             item = _deref(self.doc, self.doc["paths"][path])
             if not path.startswith("/"):
                 raise InvalidArgument(f"the path {path!r} does not start with '/'")
-            if "#" in path or "?" in path:
-                raise InvalidArgument(
-                    "the path has a '#' or '?', which cannot be part of a URL path"
-                )
+            if "?" in path.split("#", 1)[0]:
+                raise InvalidArgument("the path has a '?', which cannot be part of a URL path")
             op = _deref(self.doc, item[method])
             if not isinstance(op, Mapping):
                 raise InvalidArgument("the operation must be an object")
@@ -244,7 +239,7 @@ class _Importer:
     def _tool(
         self, path: str, method: str, item: Mapping[str, Any], op: Mapping[str, Any]
     ) -> tuple[ToolSpec, list[str]]:
-        schemas = _Schemas(self.doc)
+        schemas = self.inputs
         auth = self._auth(op)
         inputs = _Input()
         url_path = self._parameters(path, item, op, schemas, inputs, auth)
@@ -268,6 +263,11 @@ class _Importer:
             template["headers"] = inputs.headers
         if inputs.body is not None:
             template["body"] = inputs.body
+        elif not inputs.properties and method in ("post", "put", "patch"):
+            # No input member at all: without a placeholder the dispatcher would merge the
+            # (empty) input into a {} body. The body is the input's 'body', which this
+            # tool's schema (additionalProperties: false) never lets in: no body is sent.
+            template["body"] = "{{input." + BODY_MEMBER + "}}"
         summary = _text(op.get("summary"))
         description = _text(op.get("description")) or summary
         tags = op.get("tags")
@@ -279,7 +279,7 @@ class _Importer:
             description=description,
             category=category or "general",
             schema_input=schemas.with_defs(schema_input),
-            schema_output=self._output(op),
+            schema_output=self._output(op, inputs.warnings),
             auth_method=auth.method,
             requires_approval=egress == "write",
             endpoint_url=self._server(item, op) + url_path,
@@ -384,138 +384,7 @@ class _Importer:
             return _Auth()
         return fitting(candidates, self.credential_kind)
 
-    def _parameters(
-        self,
-        path: str,
-        item: Mapping[str, Any],
-        op: Mapping[str, Any],
-        schemas: _Schemas,
-        inputs: _Input,
-        auth: _Auth,
-    ) -> str:
-        """Fill ``inputs`` from the parameters; return the path with its placeholders."""
-        merged: dict[tuple[str, str], Mapping[str, Any]] = {}
-        for source in (item.get("parameters") or [], op.get("parameters") or []):
-            if not isinstance(source, list):
-                raise InvalidArgument("parameters must be a list")
-            for raw in source:
-                param = _deref(self.doc, raw)
-                if not isinstance(param, Mapping) or not isinstance(param.get("name"), str):
-                    raise InvalidArgument("a parameter has no name")
-                if param.get("in") not in ("path", "query", "header", "cookie"):
-                    raise InvalidArgument(
-                        f"parameter {param['name']!r}: 'in' must be path, query, header or cookie"
-                    )
-                merged[(param["name"], param["in"])] = param  # the operation's win
-        url_path = path
-        declared = set(re.findall(r"\{([^{}]+)\}", path))
-        for (name, where), param in merged.items():
-            origin = f"{where} parameter {name!r}"
-            required = where == "path" or param.get("required") is True
-            if where == "header" and name.lower() in IGNORED_HEADERS:
-                continue  # OpenAPI: such header parameters are ignored
-            raw = self._raw_parameter_schema(param)
-            problem = self._inexpressible(name, where, raw, auth)
-            if problem is not None:
-                if required:
-                    raise _Skip(f"{origin} {problem}")
-                inputs.warnings.append(f"optional {origin} dropped: it {problem}")
-                continue
-            member = _input_name(name)
-            inputs.add(member, self._parameter_schema(param, raw, schemas), required, origin)
-            placeholder = "{{input." + member + "}}"
-            if where == "path":
-                if name not in declared:
-                    raise InvalidArgument(f"{origin} is not in the path")
-                url_path = url_path.replace("{" + name + "}", placeholder)
-            elif where == "query":
-                inputs.query[name] = placeholder
-            else:
-                inputs.headers[name] = placeholder
-        missing = declared - {name for name, where in merged if where == "path"}
-        if missing:
-            raise InvalidArgument(f"path parameter(s) {sorted(missing)} are not declared")
-        return url_path
-
-    def _raw_parameter_schema(self, param: Mapping[str, Any]) -> Any:
-        raw = param.get("schema")
-        content = param.get("content")
-        if raw is None and isinstance(content, Mapping) and content:
-            media = _deref(self.doc, next(iter(content.values())))
-            raw = media.get("schema") if isinstance(media, Mapping) else None
-        return raw
-
-    def _parameter_schema(self, param: Mapping[str, Any], raw: Any, schemas: _Schemas) -> Any:
-        schema = schemas.convert(raw) if raw is not None else {"type": "string"}
-        if isinstance(schema, dict):
-            schema = dict(schema)
-            description = _text(param.get("description"))
-            if description and "description" not in schema:
-                schema["description"] = description
-        return schema
-
-    def _inexpressible(self, name: str, where: str, raw: Any, auth: _Auth) -> str | None:
-        """Why a parameter cannot be sent by a request template, or None when it can."""
-        if where == "cookie":
-            return "is a cookie (toolrelay does not send cookies)"
-        if where == "header" and not HEADER_NAME.fullmatch(name):
-            return "is not a valid HTTP header name"
-        if where in ("query", "header") and _structured(_deref(self.doc, raw)):
-            return f"is an array or object (a {where} value must be a string, number or boolean)"
-        if where == "header" and name.lower() in FORBIDDEN_HEADERS:
-            return "is a header the HTTP client sets"
-        if (
-            auth.method != "none"
-            and auth.placement == where
-            and (auth.name or "").lower() == (name.lower())
-        ):
-            return "carries the credential (toolrelay places it)"
-        return None
-
-    def _body(self, op: Mapping[str, Any], schemas: _Schemas, inputs: _Input) -> None:
-        body = _deref(self.doc, op.get("requestBody"))
-        if body is None:
-            return
-        if not isinstance(body, Mapping) or not isinstance(body.get("content"), Mapping):
-            raise InvalidArgument("requestBody has no content")
-        content = body["content"]
-        json_types = [t for t in content if isinstance(t, str) and _is_json(t)]
-        if not json_types:
-            raise _Skip(f"its request body is {', '.join(map(str, content))}, not JSON")
-        media = _deref(self.doc, content[json_types[0]])
-        raw = media.get("schema") if isinstance(media, Mapping) else None
-        required = body.get("required") is True
-        flat = self._flat_body(raw, schemas, inputs) if raw is not None else None
-        if flat is None:
-            schema = schemas.top_level(schemas.convert(raw)) if raw is not None else {}
-            inputs.add(BODY_MEMBER, schema, required, "the request body")
-            inputs.body = "{{input." + BODY_MEMBER + "}}"
-            return
-        properties, members = flat
-        inputs.body = {}
-        for name, schema in properties.items():
-            inputs.add(name, schema, required and name in members, f"body property {name!r}")
-            inputs.body[name] = "{{input." + name + "}}"
-
-    def _flat_body(
-        self, raw: Any, schemas: _Schemas, inputs: _Input
-    ) -> tuple[dict[str, Any], set[str]] | None:
-        """An object body's properties and required names, when they can be input members."""
-        parts = _object_parts(self.doc, raw)
-        if parts is None:
-            return None
-        properties, required = parts
-        kept = {
-            name: schema
-            for name, schema in properties.items()
-            if not (isinstance(d := _deref(self.doc, schema), Mapping) and d.get("readOnly"))
-        }
-        if not kept or any(not IDENT.fullmatch(name) or name in inputs.properties for name in kept):
-            return None
-        converted = {name: schemas.convert(schema) for name, schema in kept.items()}
-        return converted, required & set(kept)
-
-    def _output(self, op: Mapping[str, Any]) -> dict[str, Any]:
+    def _output(self, op: Mapping[str, Any], warnings: list[str]) -> dict[str, Any]:
         responses = op.get("responses")
         if not isinstance(responses, Mapping):
             return {}
@@ -528,12 +397,19 @@ class _Importer:
                 continue
             for media_type, media in content.items():
                 media = _deref(self.doc, media)
-                if _is_json(str(media_type)) and isinstance(media, Mapping) and "schema" in media:
-                    schemas = _Schemas(self.doc)
+                if is_json(str(media_type)) and isinstance(media, Mapping) and "schema" in media:
+                    schemas = self.outputs
                     converted = schemas.top_level(schemas.convert(media["schema"]))
                     if not isinstance(converted, dict):
                         return {}
-                    return schemas.with_defs(converted)
+                    bounded = schemas.with_defs(dict(converted), OUTPUT_SCHEMA_BUDGET)
+                    if schemas.left_out:
+                        warnings.append(
+                            f"schema_output cut to {OUTPUT_SCHEMA_BUDGET // 1024} KiB:"
+                            f" {schemas.left_out} component schemas further from the root"
+                            " accept any value"
+                        )
+                    return bounded
         return {}
 
 
@@ -555,33 +431,3 @@ def _check(spec: ToolSpec, where: str) -> None:
 
 def _int(code: str) -> int | str:
     return int(code) if code.isdigit() else code
-
-
-def _text(value: Any) -> str | None:
-    return value.strip() or None if isinstance(value, str) else None
-
-
-def _structured(schema: Any) -> bool:
-    if not isinstance(schema, Mapping):
-        return False
-    kind = schema.get("type")
-    kinds = kind if isinstance(kind, list) else [kind]
-    return bool({"array", "object"} & set(kinds)) or "items" in schema or "properties" in schema
-
-
-def _object_parts(doc: Mapping[str, Any], raw: Any) -> tuple[dict[str, Any], set[str]] | None:
-    """Properties and required names of an object schema (``allOf`` of objects merged)."""
-    schema = _deref(doc, raw)
-    if not isinstance(schema, Mapping) or any(k in schema for k in ("oneOf", "anyOf", "not")):
-        return None
-    if schema.get("type", "object") != "object" or schema.get("nullable") is True:
-        return None
-    properties: dict[str, Any] = dict(schema.get("properties") or {})
-    required = {r for r in schema.get("required") or [] if isinstance(r, str)}
-    for part in schema.get("allOf") or []:
-        parts = _object_parts(doc, part)
-        if parts is None:
-            return None
-        properties |= parts[0]
-        required |= parts[1]
-    return (properties, required) if properties else None

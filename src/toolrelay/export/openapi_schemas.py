@@ -38,6 +38,9 @@ _SCHEMA_MAP_KEYS: Final = frozenset(
     {"properties", "patternProperties", "dependentSchemas", "$defs", "definitions"}
 )
 _OPENAPI_ONLY: Final = frozenset({"nullable", "discriminator", "xml", "externalDocs", "example"})
+# Meaningful at a schema resource's root only: a stored schema has its own root, and an $id
+# below it would make the #/$defs/... references under it resolve against another base.
+_NOT_NESTED: Final = frozenset({"$schema", "$id"})
 
 
 class Schemas:
@@ -45,9 +48,15 @@ class Schemas:
 
     PREFIX: Final = "#/components/schemas/"
 
-    def __init__(self, doc: Mapping[str, Any]) -> None:
+    def __init__(self, doc: Mapping[str, Any], direction: str | None = None) -> None:
+        """``direction``: ``write`` (a tool's input: ``readOnly`` properties left out, as
+        OpenAPI says they are not sent) or ``read`` (its output: ``writeOnly`` ones left
+        out, as they never come back); None keeps both."""
         self.doc = doc
         self.defs: dict[str, Any] = {}
+        self.hidden = {"write": "readOnly", "read": "writeOnly"}.get(direction or "")
+        self.sizes: dict[str, int] = {}  # of each $defs entry as JSON, for with_defs' budget
+        self.left_out = 0  # $defs entries the last with_defs left out (its budget)
 
     def convert(self, schema: Any, depth: int = 0) -> Any:
         if depth > MAX_REF_DEPTH * 4:
@@ -62,14 +71,29 @@ class Schemas:
                 name = pointer_token(ref[len(self.PREFIX) :])
                 if name not in self.defs:
                     self.defs[name] = True  # a placeholder while converting: cycles end here
-                    self.defs[name] = self.convert(_pointer(self.doc, ref), depth + 1)
-                return {"$ref": _defs_ref(name)}
-            return self.convert(_deref(self.doc, schema), depth + 1)
+                    try:
+                        self.defs[name] = self.convert(_pointer(self.doc, ref), depth + 1)
+                    except InvalidArgument:
+                        del self.defs[name]  # not left as `true` for the next tool to use
+                        raise
+                target: Any = {"$ref": _defs_ref(name)}
+            else:
+                target = self.convert(_deref(self.doc, {"$ref": ref}), depth + 1)
+            siblings = {k: v for k, v in schema.items() if k != "$ref" and k not in _OPENAPI_ONLY}
+            if not siblings and schema.get("nullable") is not True:
+                return target
+            return self._with_siblings(target, siblings, schema.get("nullable") is True, depth)
         out: dict[str, Any] = {}
+        hidden: set[str] = set()
         for key, value in schema.items():
-            if key in _OPENAPI_ONLY:
+            if key in _OPENAPI_ONLY or key in _NOT_NESTED:
                 continue
-            if key in _SCHEMA_MAP_KEYS and isinstance(value, Mapping):
+            if key == "properties" and isinstance(value, Mapping) and self.hidden:
+                hidden = {k for k, v in value.items() if self._is_hidden(v)}
+                out[key] = {
+                    k: self.convert(v, depth + 1) for k, v in value.items() if k not in hidden
+                }
+            elif key in _SCHEMA_MAP_KEYS and isinstance(value, Mapping):
                 out[key] = {k: self.convert(v, depth + 1) for k, v in value.items()}
             elif key in _SCHEMA_LIST_KEYS and isinstance(value, list):
                 out[key] = [self.convert(v, depth + 1) for v in value]
@@ -79,8 +103,35 @@ class Schemas:
                 out["prefixItems"] = [self.convert(v, depth + 1) for v in value]
             else:
                 out[key] = value
+        if hidden and isinstance(out.get("required"), list):
+            out["required"] = [r for r in out["required"] if r not in hidden]
+            if not out["required"]:
+                del out["required"]
         _openapi_30_keywords(schema, out)
         return out
+
+    def _with_siblings(
+        self, target: Any, siblings: dict[str, Any], nullable: bool, depth: int
+    ) -> Any:
+        """A ``$ref`` with keywords beside it (``{"$ref": ..., "nullable": true,
+        "description": ...}``, as Asana and 3.1 documents write): the keywords are kept
+        (JSON Schema 2020-12 applies them with the reference), ``nullable`` as
+        ``anyOf: [<ref>, {"type": "null"}]``."""
+        rest = self.convert(siblings, depth + 1) if siblings else {}
+        if nullable:
+            return {"anyOf": [target, {"type": "null"}]} | rest
+        if isinstance(target, dict) and set(target) == {"$ref"}:
+            return target | rest
+        return {"allOf": [target]} | rest if rest else target
+
+    def _is_hidden(self, schema: Any) -> bool:
+        if isinstance(schema, Mapping) and schema.get(self.hidden or "") is True:
+            return True  # beside a $ref, as Asana writes it
+        try:
+            target = _deref(self.doc, schema)
+        except InvalidArgument:
+            return False
+        return isinstance(target, Mapping) and target.get(self.hidden or "") is True
 
     def top_level(self, schema: Any) -> Any:
         """A root that is only a ``$ref`` or an ``allOf`` of plain objects, spelled out as one
@@ -118,18 +169,67 @@ class Schemas:
                     return dict(target)
         return schema
 
-    def with_defs(self, schema: dict[str, Any]) -> dict[str, Any]:
-        """The schema with the component schemas it still refers to under ``$defs``."""
-        used: set[str] = set()
-        pending = list(_refs(schema))
-        while pending:
-            name = pending.pop()
-            if name not in used and name in self.defs:
-                used.add(name)
-                pending.extend(_refs(self.defs[name]))
+    def with_defs(self, schema: dict[str, Any], budget: int | None = None) -> dict[str, Any]:
+        """The schema with the component schemas it still refers to under ``$defs``.
+
+        With ``budget`` (characters of JSON): when the whole is larger, only the component
+        schemas within as many references of the root as fit are kept, and references to
+        the others become ``{}`` (any value). Stripe's expandable objects refer to most of
+        its API: 670 kB per response schema, 93 MB for its 234 GET tools."""
+        self.left_out = 0
+        depth: dict[str, int] = {}
+        level = sorted(set(_refs(schema)))
+        hops = 0
+        while level:
+            for name in level:
+                depth[name] = hops
+            hops += 1
+            found = {r for name in level if name in self.defs for r in _refs(self.defs[name])}
+            level = sorted(found - depth.keys())
+        used = [name for name in depth if name in self.defs]
+        if budget is not None:
+            size = len(json.dumps(schema))
+            sizes = {name: self._size(name) for name in used}
+            if size + sum(sizes.values()) > budget:
+                kept: set[str] = set()
+                for hop in range(hops):
+                    at = [n for n in used if depth[n] == hop]
+                    grown = size + sum(sizes[n] for n in at)
+                    if grown > budget:
+                        break
+                    kept.update(at)
+                    size = grown
+                schema = _cut(schema, kept)
+                schema["$defs"] = {n: _cut(self.defs[n], kept) for n in sorted(kept)}
+                if not kept:
+                    del schema["$defs"]
+                self.left_out = len(used) - len(kept)
+                return schema
         if used:
             schema["$defs"] = {name: self.defs[name] for name in sorted(used)}
         return schema
+
+    def _size(self, name: str) -> int:
+        size = self.sizes.get(name)
+        if size is None:
+            size = self.sizes[name] = len(json.dumps(self.defs[name]))
+        return size
+
+
+def _cut(node: Any, kept: set[str]) -> Any:
+    """A copy of a converted schema whose references to ``$defs`` not kept are ``{}``."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if (
+            isinstance(ref, str)
+            and ref.startswith("#/$defs/")
+            and pointer_token(ref[len("#/$defs/") :]) not in kept
+        ):
+            return {k: _cut(v, kept) for k, v in node.items() if k != "$ref"}  # siblings apply
+        return {k: _cut(v, kept) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_cut(item, kept) for item in node]
+    return node
 
 
 def _defs_ref(name: str) -> str:
@@ -151,7 +251,20 @@ def _refs(node: Any) -> Iterator[str]:
 
 
 def _openapi_30_keywords(schema: Mapping[str, Any], out: dict[str, Any]) -> None:
-    """``nullable``, ``example`` and boolean exclusive bounds, as JSON Schema 2020-12 says."""
+    """``nullable``, ``example`` and boolean exclusive bounds, as JSON Schema 2020-12 says;
+    a ``discriminator``'s property required (OpenAPI: the payload carries it), and its
+    ``oneOf`` read as ``anyOf`` (OpenAPI picks the branch by that property, so a payload two
+    branches accept is still valid; JSON Schema's ``oneOf`` alone would refuse it)."""
+    discriminator = schema.get("discriminator")
+    if isinstance(discriminator, Mapping) and isinstance(discriminator.get("propertyName"), str):
+        name = discriminator["propertyName"]
+        required = out.get("required")
+        if required is None:
+            out["required"] = [name]
+        elif isinstance(required, list) and name not in required:
+            out["required"] = [*required, name]
+        if isinstance(out.get("oneOf"), list) and "anyOf" not in out:
+            out["anyOf"] = out.pop("oneOf")
     if schema.get("nullable") is True:
         kind = out.get("type")
         if isinstance(kind, str) and kind != "null":
