@@ -10,16 +10,18 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 
 import pytest
 from aiohttp import web
 
 from tests.dispatch.upstream import Upstream
+from tests.pgtest import create_database, drop_database
 from tests.registry.helpers import agent_with_tool
 from toolrelay import errors
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
-from toolrelay.db import Database
+from toolrelay.db import Database, migrate
 from toolrelay.dispatch.worker import Worker
 from toolrelay.registry import Registry
 from toolrelay.registry.preview import preview_request
@@ -120,18 +122,30 @@ def test_the_approvals_page_masks_it(registry: Registry, db: Database) -> None:
     assert shown.has_secret
 
 
-def test_the_cli_takes_it_from_stdin_never_argv(database_url: str, registry: Registry) -> None:
-    env = os.environ | {
-        "DATABASE_URL": database_url,
-        "TOOLRELAY_OWNER": str(registry.owner),
-        "TOOLRELAY_MASTER_KEY": generate_master_key(),
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "toolrelay.cli", "credential", "add", "--kind", "basic",
-         "--name", "svc"],
-        input=SECRET, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert PASSWORD not in done.stdout + done.stderr
-    [info] = [c for c in CredentialStore(registry.db).list(registry.owner) if c.name == "svc"]
-    assert info.kind == "basic"
+def test_the_cli_takes_it_from_stdin_never_argv(admin_url: str) -> None:
+    # A database of its own: the CLI refuses one holding credentials sealed by keys it has
+    # not got (other tests' keys, in the shared one).
+    url = create_database(admin_url)
+    try:
+        migrate(url)
+        owner = uuid.uuid4()
+        env = os.environ | {
+            "DATABASE_URL": url,
+            "TOOLRELAY_OWNER": str(owner),
+            "TOOLRELAY_MASTER_KEY": generate_master_key(),
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "toolrelay.cli", "credential", "add", "--kind", "basic",
+             "--name", "svc"],
+            input=SECRET, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert PASSWORD not in done.stdout + done.stderr
+        db = Database(url)
+        try:
+            [info] = [c for c in CredentialStore(db).list(owner) if c.name == "svc"]
+            assert info.kind == "basic"
+        finally:
+            db.close()
+    finally:
+        drop_database(admin_url, url)
