@@ -38,19 +38,24 @@ def api(app: FastAPI) -> Iterator[str]:
         yield url
 
 
-def test_the_in_process_worker_wakes_the_waiter_without_notify(
-    app: FastAPI, make_owner: Any, upstream: Upstream, api: str
-) -> None:
-    outcomes = app.state.toolrelay.outcomes
-    assert outcomes.url is None  # nobody listens in this app
-    owner, gate = make_owner(), Gate()
-    path = f"/held/{uuid.uuid4().hex}"
+def held_read(owner: Any, upstream: Upstream, api: str) -> tuple[Any, Gate, str]:
+    """An agent client and its tool `read`, whose upstream answers once the gate opens."""
+    gate, path = Gate(), f"/held/{uuid.uuid4().hex}"
     upstream.routes[path] = gate.handler
     tool = {"name": "read", "endpoint_url": f"{upstream.base_url}{path}", "http_method": "GET",
             "egress_class": "read_only"}  # fmt: skip
     assert owner.put("/v1/tools/read", json=tool).status_code == 200
     bot = agent_client(api, owner, "bot")
     assert owner.put("/v1/assignments/bot/read").status_code == 200
+    return bot, gate, path
+
+
+def test_the_in_process_worker_wakes_the_waiter_without_notify(
+    app: FastAPI, make_owner: Any, upstream: Upstream, api: str
+) -> None:
+    outcomes = app.state.toolrelay.outcomes
+    assert outcomes.url is None  # nobody listens in this app
+    bot, gate, path = held_read(make_owner(), upstream, api)
     invocation = bot.post("/v1/agent/invocations", json={"tool": "read", "input": {}}).json()
     try:
         with ThreadPoolExecutor(1) as pool:
@@ -71,14 +76,7 @@ def test_invoke_with_wait_holds_the_answer_until_the_outcome(
 ) -> None:
     """POST ?wait: the call's answer is its outcome, in one request (the upstream is held,
     and the POST has not answered while it is)."""
-    owner, gate = make_owner(), Gate()
-    path = f"/held/{uuid.uuid4().hex}"
-    upstream.routes[path] = gate.handler
-    tool = {"name": "read", "endpoint_url": f"{upstream.base_url}{path}", "http_method": "GET",
-            "egress_class": "read_only"}  # fmt: skip
-    assert owner.put("/v1/tools/read", json=tool).status_code == 200
-    bot = agent_client(api, owner, "bot")
-    assert owner.put("/v1/assignments/bot/read").status_code == 200
+    bot, gate, path = held_read(make_owner(), upstream, api)
     call = {"tool": "read", "input": {}}
     try:
         with ThreadPoolExecutor(1) as pool:
