@@ -56,6 +56,7 @@ class Sampler:
         self.root = root
         self.defs: Mapping[str, Any] = root.get("$defs") or {}
         self.rng = random.Random(seed)
+        self.dropped: list[str] = []  # optional top-level members no instance was found for
 
     def valid(self, schema: Any, value: Any) -> bool:
         wrapped = dict(schema) if isinstance(schema, Mapping) else {"allOf": [schema]}
@@ -197,6 +198,8 @@ class Sampler:
                 except NoSample:
                     if name in required:
                         raise
+                    if depth == 0:
+                        self.dropped.append(name)
         for name in required:
             if name not in out:
                 extra = schema.get("additionalProperties", True)
@@ -234,7 +237,11 @@ def _merge(base: Mapping[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in more.items():
         if key == "properties" and isinstance(merged.get(key), Mapping):
-            merged[key] = {**merged[key], **value}
+            both = {
+                k: {"allOf": [merged[key][k], v]} if k in merged[key] else v
+                for k, v in value.items()
+            }
+            merged[key] = {**merged[key], **both}
         elif key == "required" and isinstance(merged.get(key), list):
             merged[key] = [*merged[key], *(r for r in value if r not in merged[key])]
         else:

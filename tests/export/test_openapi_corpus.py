@@ -117,12 +117,13 @@ def figures_of(
 def sample_input(tool: Mapping[str, Any], seed: str) -> dict[str, Any] | None:
     """An input the tool accepts (optional members dropped until it validates), or None."""
     schema = tool["schema_input"]
+    sampler = Sampler(schema, seed)
     try:
-        value = Sampler(schema, seed).value(schema)
+        value = sampler.value(schema)
     except NoSample:
         return None
-    if not isinstance(value, dict):
-        return None
+    if not isinstance(value, dict) or sampler.dropped:
+        return None  # not every member could be made (a required cycle: TreeNode.parent)
     for _ in range(len(value) + 1):
         try:
             validate_input(schema, value)

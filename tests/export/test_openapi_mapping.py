@@ -187,8 +187,9 @@ def test_read_only_beside_a_ref_write_only_and_nullable_refs() -> None:
     assert read["required"] == ["name", "created_by"]
 
 
-def test_a_discriminator_is_required_and_its_one_of_reads_as_any_of() -> None:
-    """Scalar Galaxy: two branches may accept one payload; the discriminator picks."""
+def test_a_discriminator_is_required_one_of_its_values_and_its_one_of_reads_as_any_of() -> None:
+    """Scalar Galaxy: two branches may accept one payload; the discriminator picks, by the
+    mapping's keys or the branches' schema names."""
     planet = {"type": "object", "properties": {"type": {"type": "string"}, "name": {}}}
     body = {"oneOf": [{"$ref": "#/components/schemas/Planet"}, {"$ref": "#/components/schemas/Moon"}],
             "discriminator": {"propertyName": "type"}}  # fmt: skip
@@ -199,6 +200,10 @@ def test_a_discriminator_is_required_and_its_one_of_reads_as_any_of() -> None:
     member = tool(doc, "bodies").schema_input["properties"]["body"]
     assert "oneOf" not in member and len(member["anyOf"]) == 2
     assert member["required"] == ["type"]
+    assert member["properties"] == {"type": {"enum": ["Planet", "Moon"]}}  # implicit mapping
+    body["discriminator"]["mapping"] = {"planet": "#/components/schemas/Planet"}
+    member = tool(doc, "bodies").schema_input["properties"]["body"]
+    assert member["properties"] == {"type": {"enum": ["planet", "Moon"]}}
 
 
 def test_schema_and_id_below_the_root_are_dropped() -> None:

@@ -265,6 +265,14 @@ def _openapi_30_keywords(schema: Mapping[str, Any], out: dict[str, Any]) -> None
             out["required"] = [*required, name]
         if isinstance(out.get("oneOf"), list) and "anyOf" not in out:
             out["anyOf"] = out.pop("oneOf")
+        values = _discriminator_values(schema, discriminator)
+        properties = out.get("properties")
+        if values and isinstance(properties, dict | type(None)):
+            known = (properties or {}).get(name)
+            if not (isinstance(known, dict) and "enum" in known):
+                out["properties"] = (properties or {}) | {
+                    name: (known if isinstance(known, dict) else {}) | {"enum": values}
+                }
     if schema.get("nullable") is True:
         kind = out.get("type")
         if isinstance(kind, str) and kind != "null":
@@ -280,3 +288,25 @@ def _openapi_30_keywords(schema: Mapping[str, Any], out: dict[str, Any]) -> None
             out[exclusive] = out.pop(bound)
         elif isinstance(out.get(exclusive), bool):
             del out[exclusive]
+
+
+def _discriminator_values(schema: Mapping[str, Any], discriminator: Mapping[str, Any]) -> list[str]:
+    """The values a ``oneOf``/``anyOf`` discriminator property may take: the mapping's keys
+    and the names of the branches the mapping does not name (OpenAPI's implicit mapping)."""
+    if not any(isinstance(schema.get(key), list) for key in ("oneOf", "anyOf")):
+        return []  # on a base schema that subtypes extend (allOf): they are not listed here
+    mapping = discriminator.get("mapping")
+    mapping = mapping if isinstance(mapping, Mapping) else {}
+    values = [str(key) for key in mapping]
+    targets = {str(v) for v in mapping.values()}
+    for key in ("oneOf", "anyOf"):
+        for branch in schema.get(key) or []:
+            ref = branch.get("$ref") if isinstance(branch, Mapping) else None
+            if not isinstance(ref, str) or not ref.startswith(Schemas.PREFIX):
+                if key in schema:
+                    return []  # an inline branch: its value is not named anywhere
+                continue
+            name = pointer_token(ref[len(Schemas.PREFIX) :])
+            if ref not in targets and name not in targets and name not in values:
+                values.append(name)
+    return values
