@@ -96,6 +96,7 @@ def failures_of(results: dict[str, Any]) -> list[str]:
 
 def run_phases(ctx: Context, skip: set[str], stamp: str, results: dict[str, Any]) -> None:
     sizes = ctx.sizes
+    throughput.watch_databases(ctx)
 
     def phase(name: str, what: str, body: Callable[[], None]) -> None:
         if name in skip:

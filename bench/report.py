@@ -20,6 +20,7 @@ CORE_LABELS = {
     "sut": "sut",
     "upstream": "up",
     "postgres": "pg",
+    "pg_db": "pg-db",
     "harness": "harness",
     "machine": "all",
 }
@@ -33,12 +34,13 @@ def _cores(cores: dict[str, float]) -> str:
 
 
 def _cost(r: dict[str, Any]) -> str:
-    """CPU µs per call: system under test / all of PostgreSQL."""
+    """CPU µs per call: system under test / all of PostgreSQL (/ this run's databases)."""
     cost = r.get("cpu_us_per_call") or {}
     if "sut" not in cost:
         return "n/a"
     pg = cost.get("postgres")
-    return f"{cost['sut']:,.0f} / {pg:,.0f}" if pg is not None else f"{cost['sut']:,.0f} / n/a"
+    text = f"{cost['sut']:,.0f} / {pg:,.0f}" if pg is not None else f"{cost['sut']:,.0f} / n/a"
+    return text + (f" ({cost['pg_db']:,.0f})" if "pg_db" in cost else "")
 
 
 def _load(values: Any) -> str:
@@ -61,7 +63,7 @@ def _n(value: float, digits: int = 0) -> str:
 
 def throughput_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
     head = ["system", "calls/s", "window s", "upstream-seen/s", "dup", "not done",
-            "peak RSS MB", "CPU µs/call sut / pg", "cores"]  # fmt: skip
+            "peak RSS MB", "CPU µs/call sut / pg (pg-db)", "cores"]  # fmt: skip
     rows: Rows = []
     tp = results.get("throughput")
     if tp:
@@ -113,7 +115,7 @@ def scaling_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
         "dup",
         "not done",
         "peak RSS MB",
-        "CPU µs/call sut / pg",
+        "CPU µs/call sut / pg (pg-db)",
         "cores",
     ]
     rows: Rows = []

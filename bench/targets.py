@@ -162,7 +162,9 @@ def _floor_targets(tp: dict[str, Any]) -> list[Target]:
     ours, least = tp["toolrelay"], tp["floor"]
     cost, floor_cost = ours["cpu_us_per_call"], least["cpu_us_per_call"]
     ratio = tp["ratio_vs_floor"]
-    pg, sut = cost.get("postgres"), cost.get("sut")
+    # This run's databases only when measured (a shared server also runs other people's).
+    pg, sut = cost.get("pg_db", cost.get("postgres")), cost.get("sut")
+    pg_of = "this run's databases" if "pg_db" in cost else "the whole server"
     return [
         Target(
             "throughput vs minimal durable loop",
@@ -176,7 +178,8 @@ def _floor_targets(tp: dict[str, Any]) -> list[Target]:
             f"<= {TARGET_PG_US:g} µs",
             f"{pg:,.0f} µs" if pg is not None else "n/a",
             _judge(pg is not None and pg <= TARGET_PG_US),
-            f"minimal loop {floor_cost.get('postgres', 0):,.0f} µs",
+            f"{pg_of}; minimal loop"
+            f" {floor_cost.get('pg_db', floor_cost.get('postgres', 0)):,.0f} µs",
         ),
         Target(
             "worker CPU per call (drain)",
