@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from fastapi import APIRouter, FastAPI
@@ -25,6 +26,7 @@ from mcp_types import INVALID_REQUEST
 from starlette.authentication import AuthCredentials
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from yarl import URL
@@ -32,7 +34,7 @@ from yarl import URL
 from toolrelay.api.auth import limit
 from toolrelay.api.errors import RateLimited, error_response, toolrelay_error_response
 from toolrelay.api.limits import retry_after_seconds
-from toolrelay.errors import ToolrelayError
+from toolrelay.errors import ConfigurationError, ToolrelayError
 from toolrelay.mcp.server import McpSettings, agent_only, build_server
 from toolrelay.tokens import Caller, Unauthenticated
 
@@ -42,6 +44,11 @@ if TYPE_CHECKING:
 __all__ = ["MCP_PATH", "McpEndpoint", "McpShortcut", "mcp_router", "mount_mcp"]
 
 MCP_PATH: Final = "/mcp"
+# RFC 9728: where an MCP client finds how to get a token for /mcp (the path-suffixed form,
+# and the bare one for clients that look there).
+METADATA_PATHS: Final = ("/.well-known/oauth-protected-resource/mcp",
+                         "/.well-known/oauth-protected-resource")  # fmt: skip
+AUTHORIZATION_SERVERS_ENV: Final = "TOOLRELAY_MCP_AUTHORIZATION_SERVERS"
 SCOPE_KEY: Final = "toolrelay.caller"
 SESSION_IDLE_TIMEOUT: Final = 30 * 60.0  # seconds; a client then opens a new session
 MAX_SESSIONS: Final = 1000
@@ -114,7 +121,13 @@ class McpEndpoint:
                 if _is_tool_call(body):
                     self._limit(caller)
         except ToolrelayError as exc:
-            await toolrelay_error_response(exc)(scope, receive, send)
+            response = toolrelay_error_response(exc)
+            if isinstance(exc, Unauthenticated):  # MCP's authorization: say where to look
+                metadata = f"{_base_url(request)}{METADATA_PATHS[0]}"
+                response.headers["WWW-Authenticate"] = (
+                    f'Bearer realm="toolrelay", resource_metadata="{metadata}"'
+                )
+            await response(scope, receive, send)
             return
         scope[SCOPE_KEY] = caller
         # What the SDK compares to bind a session to the principal that opened it.
@@ -182,8 +195,43 @@ def _is_tool_call(body: bytes) -> bool:
     return any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)
 
 
+def authorization_servers(environ: Mapping[str, str] | None = None) -> list[str]:
+    """TOOLRELAY_MCP_AUTHORIZATION_SERVERS: issuer URLs, comma-separated (none: empty)."""
+    raw = (os.environ if environ is None else environ).get(AUTHORIZATION_SERVERS_ENV, "")
+    issuers = [part.strip() for part in raw.split(",") if part.strip()]
+    for issuer in issuers:
+        url = URL(issuer)
+        if url.scheme not in ("https", "http") or not url.host or url.query_string:
+            raise ConfigurationError(
+                f"{AUTHORIZATION_SERVERS_ENV}: {issuer!r} is not an issuer URL (https://host[/path])"
+            )
+    return issuers
+
+
+def _base_url(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+def resource_metadata(request: Request, issuers: list[str]) -> dict[str, Any]:
+    """RFC 9728 protected resource metadata for /mcp. Authorization servers are listed when
+    configured; toolrelay's own tokens are the way in otherwise (docs/mcp.md)."""
+    metadata: dict[str, Any] = {
+        "resource": f"{_base_url(request)}{MCP_PATH}",
+        "bearer_methods_supported": ["header"],
+        "resource_name": "toolrelay MCP",
+    }
+    if issuers:
+        metadata["authorization_servers"] = issuers
+    return metadata
+
+
 def mcp_router(endpoint: McpEndpoint) -> APIRouter:
-    """A router with the /mcp endpoint whose lifespan runs the SDK's session manager."""
+    """A router with the /mcp endpoint whose lifespan runs the SDK's session manager, and the
+    protected resource metadata (RFC 9728) MCP clients discover it by."""
+    issuers = authorization_servers()
+
+    async def metadata(request: Request) -> JSONResponse:
+        return JSONResponse(resource_metadata(request, issuers))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
@@ -192,6 +240,8 @@ def mcp_router(endpoint: McpEndpoint) -> APIRouter:
 
     router = APIRouter(lifespan=lifespan)
     router.routes.append(Route(MCP_PATH, endpoint, include_in_schema=False))
+    for path in METADATA_PATHS:
+        router.routes.append(Route(path, metadata, methods=["GET"], include_in_schema=False))
     return router
 
 
