@@ -16,6 +16,15 @@ JSON (and, for the YAML row, as YAML), then each child process times ``load_open
 its peak RSS (VmHWM, ``procs.peak_rss_mb``; ``ru_maxrss`` would keep the harness's peak
 from before exec), then checks every tool's schemas again as
 ``Registry.register_tools`` does (the database round trips are not counted).
+
+When the OpenAPI corpus is installed (``python -m tests.corpus.install``), the real GitHub
+document (``@octokit/openapi``'s ``api.github.com.json``, 13 MB, 1,223 operations) is a row
+too, imported with ``--auth bearer`` as its users would; without the corpus the row says so.
+
+``--corpus [ci|all]``: every document of the corpus (tests/corpus/: the CI subset, or all
+73), one child each: seconds, peak RSS, operations imported, skipped (by reason) or refused;
+with ``--src``, the same figures for that code too. The request checks are the corpus
+test's (tests/export/test_openapi_corpus.py; ``TOOLRELAY_CORPUS=all`` for all 73).
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ TIMEOUT_S: Final = 300
 GOAL_S: Final = 15.0
 GOAL_MB: Final = 300.0
 OUT_PATH: Final = Path(__file__).parent / "out" / "openapi-import.json"
+CORPUS_OUT_PATH: Final = Path(__file__).parent / "out" / "openapi-corpus.json"
 SEED: Final = 15
 WORDS: Final = [
     "the",
@@ -199,15 +209,27 @@ def document(operations: int = OPERATIONS, schemas: int = SCHEMAS) -> dict[str, 
     }  # fmt: skip
 
 
-def run(path: Path) -> None:
+def run(path: Path, server: str | None = None, auth: str | None = None) -> None:
     """In the child: import ``path`` as the CLI does (without the database); print JSON."""
-    from toolrelay.export.openapi import load_openapi, tools_from_openapi
+    from toolrelay.errors import InvalidArgument
+    from toolrelay.export import openapi
     from toolrelay.registry.validation import check_json_schema
 
     started = time.perf_counter()
-    doc = load_openapi(path)
+    doc = openapi.load_openapi(path)
     loaded = time.perf_counter()
-    plan = tools_from_openapi(doc)
+    options: dict[str, Any] = {"server": server, "auth": auth}
+    plan_openapi = getattr(openapi, "plan_openapi", None)  # an older --src may not have it
+    refused = None
+    try:
+        if plan_openapi is not None:
+            plan = plan_openapi(doc, **options)
+        else:
+            plan = openapi.tools_from_openapi(doc, **options)
+    except InvalidArgument as exc:
+        plan, refused = openapi.ImportPlan(), exc.message
+    if not plan.tools and refused is None:
+        refused = "every operation skipped with its reason"
     mapped = time.perf_counter()
     for spec in plan.tools:  # registering checks every tool again (Registry.register_tools)
         check_json_schema("schema_input", spec.schema_input)
@@ -222,13 +244,23 @@ def run(path: Path) -> None:
         "peak_rss_mb": round(rss_mb, 1),
         "tools": len(plan.tools),
         "skipped": len(plan.skipped),
+        "skipped_reasons": [line.partition(": ")[2] for line in plan.skipped],
+        "refused": refused,
     }))  # fmt: skip
 
 
-def _child(path: Path, source: Path) -> dict[str, Any]:
+def _child(
+    path: Path,
+    source: Path,
+    server: str | None = None,
+    auth: str | None = None,
+    log: Path | None = None,
+) -> dict[str, Any]:
     env = os.environ | {"PYTHONPATH": f"{source}{os.pathsep}{REPO_DIR}"}
-    argv = python_module("bench.openapi_import", "run", str(path))
-    child = Child("import", argv, env, path.with_suffix(".log"), capture_stdout=True)
+    extra = [*(["--server", server] if server else []), *(["--auth", auth] if auth else [])]
+    argv = python_module("bench.openapi_import", "run", str(path), *extra)
+    log = log or path.with_suffix(".log")
+    child = Child("import", argv, env, log, capture_stdout=True)
     try:
         usage = child.wait(TIMEOUT_S)
     except TimeoutError:
@@ -255,6 +287,18 @@ def main(quick: bool, baseline: Path | None) -> dict[str, Any]:
         for name, source in sources.items():
             for kind, path in files.items():
                 rows.append({"code": name, "format": kind} | _child(path, source))
+        github = _github()
+        if github is None:
+            print(
+                "real GitHub document: skipped, the corpus is not installed"
+                " (python -m tests.corpus.install)"
+            )
+        else:
+            for name, source in sources.items():
+                log = Path(tmp) / f"github-{name}.log"
+                row = _child(github.path(), source, github.server, github.auth, log)
+                row.pop("skipped_reasons", None)
+                rows.append({"code": name, "format": "github"} | row)
     ok = all(
         r.get("total_s", 1e9) <= GOAL_S and r.get("peak_rss_mb", 1e9) <= GOAL_MB
         for r in rows
@@ -268,6 +312,68 @@ def main(quick: bool, baseline: Path | None) -> dict[str, Any]:
         "rows": rows,
         "within_goal": ok,
     }
+
+
+def _github() -> Any:
+    """The corpus's GitHub document, when installed."""
+    from tests.corpus import ALL
+
+    doc = next(d for d in ALL if d.member.endswith("api.github.com.json"))
+    return doc if doc.path().is_file() else None
+
+
+def corpus(which: str, baseline: Path | None) -> dict[str, Any]:
+    """Every corpus document imported by the current code (and ``baseline``'s)."""
+    from tests.corpus import documents
+    from tests.corpus.check import categorize, operations
+
+    from toolrelay.export.openapi_load import load_openapi
+
+    sources = {"current": REPO_DIR / "src"} | ({"baseline": baseline} if baseline else {})
+    rows: list[dict[str, Any]] = []
+    totals: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for doc in documents(which):
+            if not doc.path().is_file():
+                raise SystemExit(f"{doc.name}: not installed (python -m tests.corpus.install)")
+            count = sum(1 for _ in operations(load_openapi(doc.path()), doc.server, doc.auth))
+            for name, source in sources.items():
+                log = Path(tmp) / f"{len(rows)}.log"
+                row = _child(doc.path(), source, doc.server, doc.auth, log)
+                reasons: dict[str, int] = {}
+                for reason in row.pop("skipped_reasons", []):
+                    reasons[categorize(reason)] = reasons.get(categorize(reason), 0) + 1
+                row = {"code": name, "document": doc.name, "operations": count} | row
+                rows.append(row | {"skipped_by_reason": reasons})
+                total = totals.setdefault(name, {"operations": 0, "tools": 0, "skipped": 0,
+                                                 "refused": [], "skipped_by_reason": {}})  # fmt: skip
+                total["operations"] += count
+                total["tools"] += row.get("tools", 0)
+                total["skipped"] += row.get("skipped", 0)
+                if row.get("refused") or "error" in row:
+                    total["refused"].append(doc.name)
+                for why, n in reasons.items():
+                    total["skipped_by_reason"][why] = total["skipped_by_reason"].get(why, 0) + n
+    return {"corpus": which, "rows": rows, "totals": totals}
+
+
+def print_corpus(out: dict[str, Any]) -> None:
+    rows = [
+        [r["code"], r["document"][:44], str(r["operations"]), str(r.get("tools", 0)),
+         str(r.get("skipped", 0)), f"{r.get('total_s', 0):.1f}", f"{r.get('peak_rss_mb', 0):.0f}",
+         (f"REFUSED: {r['refused'][:60]}" if r.get("refused") else r.get("error", ""))]
+        for r in out["rows"]
+    ]  # fmt: skip
+    print_rows(["code", "document", "ops", "tools", "skip", "s", "MB", "note"], rows)
+    for code, t in out["totals"].items():
+        share = t["tools"] / t["operations"] if t["operations"] else 0
+        print(
+            f"{code}: {t['operations']} operations, {t['tools']} imported ({share:.1%}),"
+            f" {t['skipped']} skipped with a reason, {len(t['refused'])} documents refused"
+            f" ({', '.join(t['refused'])})"
+        )
+        for why, n in sorted(t["skipped_by_reason"].items(), key=lambda kv: -kv[1]):
+            print(f"    {n:5} {why}")
 
 
 def print_table(out: dict[str, Any]) -> None:
@@ -291,8 +397,21 @@ def print_table(out: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+
+    def option(name: str) -> str | None:
+        return args[args.index(name) + 1] if name in args else None
+
     if args[:1] == ["run"]:
-        run(Path(args[1]))
+        run(Path(args[1]), option("--server"), option("--auth"))
+    elif "--corpus" in args:
+        at = args.index("--corpus") + 1
+        which = args[at] if at < len(args) and not args[at].startswith("--") else "ci"
+        source = Path(args[args.index("--src") + 1]) if "--src" in args else None
+        figures = corpus(which, source)
+        print_corpus(figures)
+        CORPUS_OUT_PATH.parent.mkdir(exist_ok=True)
+        CORPUS_OUT_PATH.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"wrote {CORPUS_OUT_PATH}")
     else:
         source = Path(args[args.index("--src") + 1]) if "--src" in args else None
         result = main("--quick" in args, source)

@@ -85,6 +85,11 @@ CATEGORIES: Final = [
     ("header the HTTP client sets", r"is a header the HTTP client sets|not a valid HTTP header"),
     ("no absolute server URL", r"server URL|no servers|server variable"),
     ("broken in the document", r"does not resolve|is not defined|not declared|is not in the path"),
+    # reasons the importer gave before the corpus fixes (for the figures before)
+    ("before: the credential's own parameter", r"carries the credential \(toolrelay places it\)"),
+    ("before: two parameters, one input member", r"both become the input member"),
+    ("before: '#' in the path key", r"has a '#' or '\?'"),
+    ("before: $schema below the root", r"\$schema is only allowed at the root"),
 ]
 
 
