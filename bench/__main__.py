@@ -142,7 +142,7 @@ def run_phases(ctx: Context, skip: set[str], stamp: str, results: dict[str, Any]
 
     def do_invoke() -> None:
         results["invoke"] = [r.as_dict() for r in invoke.run(ctx, sizes.invoke_seconds)]
-        held = sizes.invoke_seconds / 2  # per variant with a worker running (3 x 2 of them)
+        held = sizes.invoke_seconds * 0.3  # per variant with a worker running (3 x 2 of them)
         results["invoke_worker"] = [r.as_dict() for r in wake.run(ctx, held)]
 
     def do_profile() -> None:
