@@ -26,7 +26,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -43,6 +43,8 @@ from tests.corpus.check import (
     operations,
 )
 from tests.corpus.sample import NoSample, Sampler
+from tests.pgtest import create_database, drop_database
+from toolrelay.db import Database, migrate
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.executor import Executor, build_request
 from toolrelay.errors import InvalidArgument, InvalidInput
@@ -60,6 +62,20 @@ OPTIONAL: Final = os.environ.get("TOOLRELAY_CORPUS_OPTIONAL") == "1"
 NOTHING_IMPORTABLE: Final = "every operation skipped with its reason"
 
 FIGURES: dict[str, dict[str, Any]] = {}  # document name -> its figures, filled as tests run
+
+
+@pytest.fixture(scope="module")
+def corpus_db(admin_url: str) -> Iterator[Database]:
+    """A database of its own: the corpus registers ~5,000 tools, which the shared one would
+    carry into every later test (the SQL fuzz tests snapshot every row after each example)."""
+    url = create_database(admin_url)
+    migrate(url)
+    db = Database(url)
+    try:
+        yield db
+    finally:
+        db.close()
+        drop_database(admin_url, url)
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +214,7 @@ def check_sampled(
 
 
 @pytest.mark.parametrize("doc", CORPUS, ids=[doc.name for doc in CORPUS])
-def test_document(doc: Document, root: Path, make_registry: Callable[[], Registry]) -> None:
+def test_document(doc: Document, root: Path, corpus_db: Database) -> None:
     started = time.perf_counter()
     parsed, plan, refused = _plan(doc, root)
     figures = figures_of(doc, parsed, plan, refused)
@@ -211,7 +227,7 @@ def test_document(doc: Document, root: Path, make_registry: Callable[[], Registr
     assert not figures["unstated"], "skips without a reason"
     if plan is None or not plan.tools:
         return
-    registry = make_registry()
+    registry = Registry(corpus_db, uuid.uuid4())
     registry.register_tools(plan.tools)
     tools = registry.list_tools()
     assert len(tools) == len(plan.tools)
