@@ -27,6 +27,10 @@ from toolrelay.db import Database
 PROTOCOLS = (("", ()), (", every call notifies", ("--no-sleep-protocol",)))
 REGISTERED_SQL = "SELECT count(*) AS n FROM agents.dispatch_workers WHERE expires_at > now()"
 REGISTER_TIMEOUT_S = 10.0
+DRAIN_WAIT_S = 120.0  # for the worker to finish one variant's calls before the next
+RUNNING_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM agents.tool_invocations WHERE status = 'running') AS busy"
+)
 
 
 class _KeepWorker:
@@ -55,6 +59,19 @@ def _wait_registered(url: str, expected: bool) -> None:
     raise TimeoutError(f"the worker's registration is not {'live' if expected else 'absent'}")
 
 
+def _wait_drained(url: str) -> None:
+    """Until the worker has finished every call: the table is not truncated under a
+    running worker (TRUNCATE and its finish take their locks in opposite orders)."""
+    deadline = time.monotonic() + DRAIN_WAIT_S
+    while time.monotonic() < deadline:
+        with admin(url) as conn:
+            row = conn.execute(RUNNING_SQL).fetchone()
+        if not (row and row["busy"]):
+            return
+        time.sleep(0.1)
+    raise TimeoutError("the worker did not finish the calls of the last variant")
+
+
 def run(ctx: Context, seconds: float) -> list[InvokeResult]:
     fx = ctx.fx
     db = Database(fx.url, pool_size=INVOKE_THREADS)
@@ -77,7 +94,7 @@ def run(ctx: Context, seconds: float) -> list[InvokeResult]:
                 wait_listening(fx.url, worker)
                 _wait_registered(fx.url, expected=not options)
                 for name, make, threads_n in variants:
-                    clear_invocations(fx.url)
+                    _wait_drained(fx.url)
                     name = f"{name}, worker running{label}"
                     keep: Any = _KeepWorker(ctx)
                     results.append(invoke._hammer(keep, name, make, seconds, threads_n))
