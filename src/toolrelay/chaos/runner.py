@@ -324,6 +324,15 @@ class Run:
         await self._wait_until(
             lambda: all(len(upstream.seen(i)) >= 1 for i in ids), PROBE_WAIT, "probe requests"
         )
+        # The binding probe's calls are decided at worker 0's claim (failed, or back to
+        # pending) and recorded in a batch: stalled before that batch, they would be rescued
+        # past their attempts instead, and the probe would show nothing.
+        bound = [*self.bind_ids, *self.regate_ids]
+        deadline = time.monotonic() + PROBE_WAIT
+        while await self._running(conn, bound):
+            if time.monotonic() > deadline:
+                raise ConfigurationError("chaos: timed out waiting for the binding probe")
+            await asyncio.sleep(POLL)
         pool.stall(0)
         self.event("probe: worker 0 frozen with its requests in flight", invocations=len(ids))
         await pool.start(1)
@@ -336,7 +345,7 @@ class Run:
         self.event("probe: worker 1 took over; worker 0 thawed")
         # No faults until the probe is over: its outcome must depend on the probe alone.
         deadline = time.monotonic() + PROBE_SECOND_HOLD + PROBE_WAIT
-        while not self._probe_answered() or await self._probe_running(conn):
+        while not self._probe_answered() or await self._running(conn, self.probe_ids):
             if time.monotonic() > deadline:
                 raise ConfigurationError("chaos: timed out waiting for the probe to finish")
             await asyncio.sleep(POLL * 4)
@@ -348,11 +357,11 @@ class Run:
         assert self.upstream is not None
         return all(self.upstream.seen(i)[1].status is not None for i in self.probe_ids)
 
-    async def _probe_running(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+    async def _running(self, conn: psycopg.AsyncConnection[Any], ids: list[Any]) -> bool:
         cur = await conn.execute(
             "SELECT count(*) FROM agents.tool_invocations"
             " WHERE id = ANY(%s::uuid[]) AND status = 'running'",
-            (self.probe_ids,),
+            (ids,),
         )
         row = await cur.fetchone()
         return bool(row and row[0])
