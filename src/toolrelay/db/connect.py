@@ -245,7 +245,9 @@ class Trips:
         pool, conn, self._conn = self._pool, self._conn, None
         if pool is None or conn is None:
             return
-        if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
+        if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.close()  # never back in the pool mid-transaction, nor left in autocommit
+        if not conn.closed:
             conn.autocommit = False
         pool.putconn(conn)
 

@@ -49,7 +49,7 @@ from toolrelay.errors import (
     PermissionDenied,
     ToolrelayError,
 )
-from toolrelay.export.names import key_for
+from toolrelay.export.names import key_for, may_be_exported
 from toolrelay.mcp.changes import ListWatch
 from toolrelay.mcp.limits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, WAIT_ENV
 from toolrelay.mcp.pages import after_key, page
@@ -485,7 +485,7 @@ class _Handlers:
         mark = self.outcomes.mark()  # before the call: its first read may be skipped
         try:
             called = await _run(registry.call, params.name, arguments)
-            if called.tool is None:  # perhaps a name exported for another client (names.py)
+            if called.tool is None and may_be_exported(params.name):  # another client's name
                 rows = await _run(registry.agent_tools, agent)
                 key = key_for(params.name, (r["key"] for r in rows))
                 if key is not None and key != params.name:

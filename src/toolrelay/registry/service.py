@@ -162,6 +162,14 @@ class Registry:
         self.owner = UUID(str(owner))
         self.agent_id = UUID(str(agent_id)) if agent_id is not None else None
 
+    def _one_trip(self, queries: Sequence[Query]) -> list[list[Row]]:
+        """One transaction in one round trip as this registry's identity (Database.trips)."""
+        try:
+            with self.db.trips() as trips:
+                return trips.run(owner_identity(self.owner, self.agent_id), queries)
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[Row]]:
         try:
@@ -329,10 +337,7 @@ class Registry:
         run_id: UUID | None = None,
     ) -> UUID:
         """Validate the input against schema_input, then record the invocation."""
-        if input is not None and not isinstance(input, Mapping):
-            kind = type(input).__name__
-            raise InvalidInput(f"input must be a JSON object, got {kind}")
-        payload = dict(input or {})
+        payload = _payload(input)
         assigned = self.agent_id is not None
         identity = owner_identity(self.owner, self.agent_id)
         key = ("invoke", self.db.url, self.owner, self.agent_id, agent, tool)
@@ -374,9 +379,7 @@ class Registry:
         before (registry/seen.py), else two: the lookup, then the insert."""
         if self.agent_id is None:
             raise InvalidArgument("Registry.call acts as an agent: give the agent_id")
-        if input is not None and not isinstance(input, Mapping):
-            raise InvalidInput(f"input must be a JSON object, got {type(input).__name__}")
-        payload = dict(input or {})
+        payload = _payload(input)
         identity = owner_identity(self.owner, self.agent_id)
         cache_key = ("call", self.db.url, self.owner, self.agent_id, key)
         stamp = (_STAMP, {"agent": self.agent_id})
@@ -410,12 +413,7 @@ class Registry:
         """The stamp of the tools this registry's agent may call now (see ``call``)."""
         if self.agent_id is None:
             raise InvalidArgument("Registry.tools_stamp acts as an agent: give the agent_id")
-        query = (_STAMP, {"agent": self.agent_id})
-        try:
-            with self.db.trips() as trips:
-                [[row]] = trips.run(owner_identity(self.owner, self.agent_id), [query])
-        except psycopg.Error as exc:
-            raise translate_db_error(exc) from None
+        [[row]] = self._one_trip([(_STAMP, {"agent": self.agent_id})])
         return str(row["stamp"])
 
     def approve(self, invocation_id: UUID | str, request_digest: str | None = None) -> str | None:
@@ -521,11 +519,7 @@ class Registry:
             " ORDER BY attempt, id",
             {"id": str(invocation_id)},
         )
-        try:
-            with self.db.trips() as trips:  # one round trip
-                [rows] = trips.run(owner_identity(self.owner, self.agent_id), [query])
-        except psycopg.Error as exc:
-            raise translate_db_error(exc) from None
+        [rows] = self._one_trip([query])
         return rows
 
     def get_invocation(self, invocation_id: UUID | str, *, agent: str | None = None) -> Row:
@@ -543,11 +537,7 @@ class Registry:
         # come back empty, so it is not made (the wait paths read here per wake).
         if self.agent_id is None:
             queries.append((_ATTEMPTS, params))
-        try:
-            with self.db.trips() as trips:  # one round trip
-                found, *attempts = trips.run(owner_identity(self.owner, self.agent_id), queries)
-        except psycopg.Error as exc:
-            raise translate_db_error(exc) from None
+        found, *attempts = self._one_trip(queries)
         if not found:
             raise NotFound(f"invocation {invocation_id} not found")
         row = found[0]
@@ -587,6 +577,12 @@ def _invoke_lookup(agent: str, tool: str, assigned: bool) -> Query:
         "assigned": assigned,
     }
     return sql, params
+
+
+def _payload(input: Mapping[str, Any] | None) -> dict[str, Any]:
+    if input is not None and not isinstance(input, Mapping):
+        raise InvalidInput(f"input must be a JSON object, got {type(input).__name__}")
+    return dict(input or {})
 
 
 def _checked(schema: Any, payload: dict[str, Any], agent: bool) -> dict[str, Any]:
