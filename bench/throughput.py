@@ -189,14 +189,8 @@ def drain_raw(ctx: Context, n: int) -> DrainResult:
 def drain_floor(ctx: Context, n: int) -> DrainResult:
     """The same calls through the minimal durable loop of bench/floor.py, its own process."""
     floor.enqueue(ctx.fx.url, n)
-    ctx.upstream.reset()
-    argv = python_module("bench.floor", ctx.fx.url, ctx.upstream.url, str(CONCURRENCY))
-    child = Child("floor", argv, dict(os.environ), ctx.logs / "floor.log")
-    ctx.running = [child]
-    usage = child.wait(DRAIN_TIMEOUT_S)
-    _check_exits([child], [usage])
+    usage, arrivals = _drain_child(ctx, "floor", "bench.floor", ctx.fx.url)
     stats = floor.stats(ctx.fx.url)
-    arrivals = ctx.upstream.arrivals()
     window = stats.last_finish - stats.first_start
     time.sleep(SETTLE_S)
     return DrainResult(
@@ -218,17 +212,23 @@ def drain_floor(ctx: Context, n: int) -> DrainResult:
     )
 
 
-def drain_peer(ctx: Context, n: int) -> DrainResult:
-    """The same calls as procrastinate jobs, drained by one procrastinate worker process."""
-    asyncio.run(peer.reset_and_defer(ctx.peer_url, n))
+def _drain_child(ctx: Context, name: str, module: str, db_url: str) -> tuple[Usage, Arrivals]:
+    """Run ``python -m module DB_URL UPSTREAM CONCURRENCY`` until it has drained its queue;
+    its usage and what the upstream saw."""
     ctx.upstream.reset()
-    argv = python_module("bench.peer_worker", ctx.peer_url, ctx.upstream.url, str(CONCURRENCY))
-    child = Child("peer", argv, dict(os.environ), ctx.logs / "peer.log")
+    argv = python_module(module, db_url, ctx.upstream.url, str(CONCURRENCY))
+    child = Child(name, argv, dict(os.environ), ctx.logs / f"{name}.log")
     ctx.running = [child]
     usage = child.wait(DRAIN_TIMEOUT_S)
     _check_exits([child], [usage])
+    return usage, ctx.upstream.arrivals()
+
+
+def drain_peer(ctx: Context, n: int) -> DrainResult:
+    """The same calls as procrastinate jobs, drained by one procrastinate worker process."""
+    asyncio.run(peer.reset_and_defer(ctx.peer_url, n))
+    usage, arrivals = _drain_child(ctx, "peer", "bench.peer_worker", ctx.peer_url)
     stats = peer.stats(ctx.peer_url)
-    arrivals = ctx.upstream.arrivals()
     window = stats.last_finish - stats.first_start
     time.sleep(SETTLE_S)
     return DrainResult(
