@@ -7,22 +7,10 @@ import json
 import uuid
 from typing import Any
 
+from tests.interop.test_import_robust import api, ok
 from toolrelay.dispatch.executor import build_request
 from toolrelay.export.openapi import OUTPUT_SCHEMA_BUDGET, tools_from_openapi
 from toolrelay.registry import ToolSpec
-
-
-def ok(operation_id: str, **more: Any) -> dict[str, Any]:
-    return {"operationId": operation_id, "responses": {"200": {"description": "ok"}}} | more
-
-
-def api(paths: dict[str, Any], **more: Any) -> dict[str, Any]:
-    return {
-        "openapi": "3.0.3",
-        "info": {"title": "t", "version": "1"},
-        "servers": [{"url": "https://api.example.com"}],
-        "paths": {"/good": {"get": ok("good")}} | paths,
-    } | more
 
 
 def param(name: str, where: str, required: bool = False, **schema: Any) -> dict[str, Any]:
