@@ -20,6 +20,7 @@ run it); without it this test fails, saying so, unless ``TOOLRELAY_CORPUS_OPTION
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import random
@@ -152,18 +153,25 @@ def sample_input(tool: Mapping[str, Any], seed: str) -> dict[str, Any] | None:
     return None
 
 
+def secret_of(tool: Mapping[str, Any]) -> str:
+    """The credential's value as the store resolves it: HTTP basic's is base64(user:password)."""
+    if tool["auth_method"] == "basic":
+        return base64.b64encode(f"corpus-user:{SECRET}".encode()).decode()
+    return SECRET
+
+
 def rendered_and_sent(
     tool: Mapping[str, Any], value: Mapping[str, Any]
-) -> tuple[Any, tuple[str, dict[str, str]]]:
-    """What the dispatcher renders for this input, and the URL and headers it sends once the
-    credential (``SECRET``) is placed, as the executor places it."""
+) -> tuple[Any, tuple[str, dict[str, str], bytes | None]]:
+    """What the dispatcher renders for this input, and the URL, headers and body bytes it
+    sends once the credential (``SECRET``) is placed, as the executor places it."""
     row = dict(tool) | {"id": uuid.uuid4(), "input": value}
     if row["auth_method"] != "none":
         row["credential_ref"] = uuid.uuid4()
     rendered = build_request(row)
 
     async def resolve(*_: Any) -> str:
-        return SECRET
+        return secret_of(tool)
 
     async def before_send(_: Any) -> bool:
         return True
@@ -171,10 +179,10 @@ def rendered_and_sent(
     executor = Executor(cast(Any, None), EgressPolicy(frozenset(), ()), resolve, before_send)
     spec = executor._build(row, rendered)
     if row["auth_method"] == "none":
-        return rendered, (spec.url, dict(spec.headers))
+        return rendered, (spec.url, dict(spec.headers), spec.payload)
     secrets: list[str] = []
     asyncio.run(executor._place_credential(row, spec, secrets))
-    return rendered, (spec.url, dict(spec.headers))
+    return rendered, (spec.url, dict(spec.headers), spec.payload)
 
 
 def check_sampled(
@@ -207,7 +215,7 @@ def check_sampled(
             checked += 1
             continue
         check_auth(op, tool)
-        check_request(op, tool, value, rendered, sent, SECRET, validator)
+        check_request(op, tool, value, rendered, sent, secret_of(tool), validator)
         problems.extend(str(p) for p in op.problems)
         checked += 1
     return checked, unsampled, problems

@@ -87,7 +87,7 @@ async def test_import_dispatch_reimport(
         f"imported petstore.get_health (GET {base}/v1/health)",
     ]
     assert result.stderr.splitlines() == [
-        "skipped PUT /pets/{petId}/photo: its request body is image/png, not JSON",
+        "skipped PUT /pets/{petId}/photo: its request body is image/png, not JSON or a form",
         "warning: GET /pets/{petId}: optional query parameter 'tags' dropped: it is an array"
         " or object (a query value must be a string, number or boolean)",
     ]
@@ -103,7 +103,7 @@ async def test_import_dispatch_reimport(
     )  # fmt: skip
     assert get["request_template"] == {
         "query": {"fields": "{{input.fields}}"},
-        "headers": {"X-Request-Id": "{{input.X-Request-Id}}"},
+        "headers": {"X-Request-Id": "{{input.X-Request-Id}}", "Accept": "application/json"},
     }
     assert get["schema_input"]["required"] == ["petId"]
     assert get["schema_input"]["properties"]["petId"] == {
@@ -119,7 +119,8 @@ async def test_import_dispatch_reimport(
         "POST", "write", True,
     )  # fmt: skip
     assert create["request_template"] == {
-        "body": {"name": "{{input.name}}", "tag": "{{input.tag}}"}
+        "headers": {"Accept": "application/json"},
+        "body": {"name": "{{input.name}}", "tag": "{{input.tag}}"},
     }
     assert create["schema_input"]["required"] == ["name"]
     assert "id" not in create["schema_input"]["properties"]  # readOnly: not sent
@@ -325,8 +326,9 @@ def test_a_body_property_clashing_with_a_parameter_falls_back_to_the_body_member
     ("security", "expected"),
     [
         ([{"bearer": []}], ("api_key", "header", "Authorization", "Bearer ")),
-        ([{"basic": []}, {"q": []}], ("api_key", "query", "key", "")),
-        ([{"basic": []}, {}], ("none", None, None, None)),
+        ([{"basic": []}, {"q": []}], ("basic", "header", "Authorization", None)),
+        ([{"cookie": []}, {"q": []}], ("api_key", "query", "key", "")),
+        ([{"cookie": []}, {}], ("none", None, None, None)),
     ],
 )
 def test_security_schemes(security: list[Any], expected: tuple[Any, ...]) -> None:
@@ -342,7 +344,8 @@ def test_operations_toolrelay_cannot_express_are_skipped_with_the_reason() -> No
     assert [s.key for s in plan.tools] == ["other"]
     assert plan.skipped == [
         "POST /things: its security (cookie) needs a scheme toolrelay cannot place"
-        " (HTTP basic, an apiKey in a cookie, or several schemes at once)"
+        " (an apiKey in a cookie, an HTTP scheme other than bearer and basic, mutual TLS, or"
+        " several schemes at once)"
     ]
     with pytest.raises(InvalidArgument, match="no operation toolrelay can import"):
         tools_from_openapi(document(security=[{"cookie": []}]))

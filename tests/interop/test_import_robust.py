@@ -241,8 +241,8 @@ def test_auth_does_not_override_declared_security_and_a_bad_one_is_refused() -> 
     doc = api({"/open": {"get": ok("open", security=[])}})
     plan = tools_from_openapi(doc, auth="bearer")
     assert {s.key: s.auth_method for s in plan.tools} == {"good": "api_key", "open": "none"}
-    with pytest.raises(InvalidArgument, match="--auth 'basic': expected bearer, oauth, header:"):
-        tools_from_openapi(doc, auth="basic")
+    with pytest.raises(InvalidArgument, match="--auth 'digest': expected bearer, oauth, basic,"):
+        tools_from_openapi(doc, auth="digest")
 
 
 def test_a_credential_no_tool_uses_is_a_warning() -> None:

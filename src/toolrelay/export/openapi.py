@@ -15,9 +15,12 @@ has the full mapping):
   placeholder (``.`` or ``;name=`` before it for the label and matrix styles).
 - query and header parameters: ``request_template.query`` / ``.headers`` members holding
   whole-value placeholders, so optional ones left out of the input are omitted.
-- a JSON request body whose schema is an object with properties: its properties become
+- a request body (openapi_body.py): JSON of any JSON type, an urlencoded or multipart form
+  (text fields; files are not sent). An object's properties or a form's fields become
   top-level input members (read-only ones left out) and ``request_template.body`` is built
-  from them; any other JSON body is the input member ``body``.
+  from them; any other body is the input member ``body``. A type other than
+  ``application/json`` is the template's ``Content-Type``; ``Accept`` names the success
+  responses' (JSON) types.
 - schema_input: every parameter and body member, with ``required``, and
   ``additionalProperties: false``; referenced component schemas go under ``$defs``.
   OpenAPI 3.0's ``nullable`` and boolean ``exclusiveMinimum``/``exclusiveMaximum`` become
@@ -26,8 +29,9 @@ has the full mapping):
 - egress_class ``write`` for any method but GET and for ``x-openai-isConsequential: true``,
   else ``read_only``.
 - security: the first requirement toolrelay can place: an apiKey in a header or the query,
-  HTTP bearer (``Authorization``, prefix ``Bearer ``), or OAuth 2 / OpenID Connect (auth
-  method ``oauth``, bearer too); an empty requirement means none. With a credential's kind,
+  HTTP bearer (``Authorization``, prefix ``Bearer ``), HTTP basic (auth method ``basic``), or
+  OAuth 2 / OpenID Connect (auth method ``oauth``, bearer too); an empty requirement means
+  none. With a credential's kind,
   the first scheme that kind fits; ``auth`` (``--auth``) where the document declares none
   (openapi_auth.py). ``server`` (``--server``): the base where servers are absent or relative.
 
@@ -35,10 +39,10 @@ A document that is not OpenAPI 3.x, or has no importable operation, is refused w
 An operation that is broken (a ``$ref`` that does not resolve, no absolute server URL, a key
 another operation has, two parameters that become one input member, a ``?`` in its path, ...)
 is skipped with the reason, or refuses the whole document with ``strict``. Operations
-toolrelay cannot express (a non-JSON body, a JSON body of another media type than
-application/json, a cookie parameter, an array in the path or query, a parameter carrying a
-second credential, HEAD/OPTIONS/TRACE, a security scheme it cannot place) are skipped, each
-with the reason, and optional parameters it cannot express are dropped with a warning.
+toolrelay cannot express (a body neither JSON nor a form, a required file, a cookie
+parameter, an array in the path or query, a parameter carrying a second credential,
+HEAD/OPTIONS/TRACE, a security scheme it cannot place) are skipped, each with the reason,
+and optional parameters or form fields it cannot express are dropped with a warning.
 """
 
 from __future__ import annotations
@@ -55,11 +59,12 @@ from toolrelay.errors import InvalidArgument, TemplateError
 from toolrelay.export.openapi_auth import Auth as _Auth
 from toolrelay.export.openapi_auth import fitting, parse_auth
 from toolrelay.export.openapi_auth import placeable as _placeable
+from toolrelay.export.openapi_body import BODY_MEMBER, accept_header, is_json
+from toolrelay.export.openapi_body import Skip as _Skip
 from toolrelay.export.openapi_load import deref as _deref
 from toolrelay.export.openapi_load import load_openapi
-from toolrelay.export.openapi_request import BODY_MEMBER, RequestMapper, is_json
 from toolrelay.export.openapi_request import Input as _Input
-from toolrelay.export.openapi_request import Skip as _Skip
+from toolrelay.export.openapi_request import RequestMapper
 from toolrelay.export.openapi_request import text as _text
 from toolrelay.export.openapi_schemas import Schemas as _Schemas
 from toolrelay.registry.models import ToolSpec
@@ -256,6 +261,9 @@ class _Importer(RequestMapper):
         }
         if inputs.required:
             schema_input["required"] = inputs.required
+        accept = accept_header(self.doc, op)
+        if accept is not None:
+            inputs.headers["Accept"] = accept
         template: dict[str, Any] = {}
         if inputs.query:
             template["query"] = inputs.query
@@ -378,7 +386,8 @@ class _Importer(RequestMapper):
             if not candidates:
                 raise _Skip(
                     f"its security ({' or '.join(names)}) needs a scheme toolrelay cannot place"
-                    " (HTTP basic, an apiKey in a cookie, or several schemes at once)"
+                    " (an apiKey in a cookie, an HTTP scheme other than bearer and basic,"
+                    " mutual TLS, or several schemes at once)"
                 )
         if not candidates:
             return _Auth()

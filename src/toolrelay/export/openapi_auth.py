@@ -11,7 +11,7 @@ from toolrelay.errors import InvalidArgument
 
 __all__ = ["AUTH_SCHEMES", "Auth", "fitting", "parse_auth", "placeable"]
 
-AUTH_SCHEMES: Final = "bearer, oauth, header:NAME or query:NAME"
+AUTH_SCHEMES: Final = "bearer, oauth, basic, header:NAME or query:NAME"
 BEARER: Final = "Bearer "
 
 
@@ -23,16 +23,23 @@ class Auth:
     prefix: str | None = None
 
 
+# RFC 7617: a credential of kind basic, sent as ``Authorization: Basic base64(user:password)``
+# (the dispatcher adds ``Basic `` and encodes; the tool keeps no prefix of its own).
+BASIC: Final = Auth("basic", "header", "Authorization", None)
+
+
 def parse_auth(text: str) -> Auth:
     """``--auth``: ``bearer`` (``Authorization: Bearer …``), ``oauth`` (the same, an OAuth
-    credential), ``header:NAME`` or ``query:NAME`` (the key as is, in that header or query
-    parameter)."""
+    credential), ``basic`` (``Authorization: Basic …``, a basic credential), ``header:NAME``
+    or ``query:NAME`` (the key as is, in that header or query parameter)."""
     kind, _, name = text.strip().partition(":")
     kind = kind.lower()
     if kind == "bearer" and not name:
         return Auth("api_key", "header", "Authorization", BEARER)
     if kind == "oauth" and not name:
         return Auth("oauth", "header", "Authorization", BEARER)
+    if kind == "basic" and not name:
+        return BASIC
     if kind in ("header", "query") and name.strip():
         return Auth("api_key", kind, name.strip(), "")
     raise InvalidArgument(f"--auth {text!r}: expected {AUTH_SCHEMES}")
@@ -49,8 +56,11 @@ def placeable(scheme: Any) -> Auth | None:
             return Auth("api_key", where, name, "")
         return None
     if kind == "http":
-        if str(scheme.get("scheme", "")).lower() == "bearer":
+        http = str(scheme.get("scheme", "")).lower()
+        if http == "bearer":
             return Auth("api_key", "header", "Authorization", BEARER)
+        if http == "basic":
+            return BASIC
         return None
     if kind in ("oauth2", "openIdConnect"):
         return Auth("oauth", "header", "Authorization", BEARER)

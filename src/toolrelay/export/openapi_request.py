@@ -1,11 +1,12 @@
-"""How an operation's request becomes a tool's input and request template (the middle
+"""How an operation's parameters become a tool's input and request template (the middle
 stage of ``toolrelay import openapi``: openapi_load.py reads and resolves, openapi.py maps
-each operation and checks its tool): parameters to URL, query and header members, the
-request body to body members or the input member ``body``."""
+each operation and checks its tool): parameters to URL, query and header members;
+openapi_body.py maps the request body."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -13,20 +14,19 @@ from urllib.parse import quote
 
 from toolrelay.errors import InvalidArgument
 from toolrelay.export.openapi_auth import Auth
+from toolrelay.export.openapi_body import IDENT, BodyMapper, Skip
 from toolrelay.export.openapi_load import deref as _deref
 from toolrelay.export.openapi_schemas import Schemas
 
-__all__ = ["BODY_MEMBER", "Input", "RequestMapper", "Skip", "is_json", "text"]
+__all__ = ["Input", "RequestMapper", "text"]
 
-IDENT: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 IGNORED_HEADERS: Final = frozenset({"accept", "content-type", "authorization"})
 FORBIDDEN_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "connection"})
-BODY_MEMBER: Final = "body"
+SPELLED: Final = {
+    "<": "lt", ">": "gt", "=": "eq", "!": "not", ".": "dot", "[": "", "]": "", " ": "",
+    "$": "dollar", "@": "at", "*": "star", "+": "plus", ":": "colon", "/": "slash",
+}  # fmt: skip
 HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
-
-
-class Skip(Exception):
-    """This operation cannot be expressed as a tool; the message says why."""
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Input:
             self.required.append(member)
 
 
-class RequestMapper:
+class RequestMapper(BodyMapper):
     """Parameters and request body of an operation, as input members and a template."""
 
     doc: Mapping[str, Any]
@@ -85,7 +85,8 @@ class RequestMapper:
                 merged[(param["name"], param["in"])] = param  # the operation's win
         url_path = path.split("#", 1)[0]
         declared = set(re.findall(r"\{([^{}]+)\}", url_path))
-        path_members = {_input_name(name) for name, where in merged if where == "path"}
+        names = _member_names([name for name, _ in merged])
+        path_members = {names[name] for name, where in merged if where == "path"}
         other_keys = self._other_credentials(op, auth)
         for (name, where), param in merged.items():
             origin = f"{where} parameter {name!r}"
@@ -118,7 +119,7 @@ class RequestMapper:
                     raise Skip(f"{origin} {problem}")
                 inputs.warnings.append(f"optional {origin} dropped: it {problem}")
                 continue
-            member = _input_name(name)
+            member = names[name]
             if where in ("query", "header") and member in path_members:
                 member = f"{where}_{member}"  # Kubernetes' path and ?path=, SendGrid's list_id
             inputs.add(member, self._parameter_schema(param, raw, schemas), required, origin)
@@ -189,117 +190,6 @@ class RequestMapper:
             return "is a header the HTTP client sets"
         return None
 
-    def _body(self, op: Mapping[str, Any], schemas: Schemas, inputs: Input) -> None:
-        body = _deref(self.doc, op.get("requestBody"))
-        if body is None:
-            return
-        if not isinstance(body, Mapping) or not isinstance(body.get("content"), Mapping):
-            raise InvalidArgument("requestBody has no content")
-        content = body["content"]
-        required = body.get("required") is True
-        media_type = self._json_media_type(content, required, inputs)
-        if media_type is None:
-            return  # an optional body that declares nothing: not sent
-        media = _deref(self.doc, content[media_type])
-        raw = media.get("schema") if isinstance(media, Mapping) else None
-        flat = self._flat_body(raw, schemas, inputs) if raw is not None else None
-        if flat is None:
-            schema = schemas.top_level(schemas.convert(raw)) if raw is not None else {}
-            inputs.add(BODY_MEMBER, schema, required, "the request body")
-            inputs.body = "{{input." + BODY_MEMBER + "}}"
-            return
-        properties, members = flat
-        inputs.body = {}
-        for name, schema in properties.items():
-            inputs.add(name, schema, required and name in members, f"body property {name!r}")
-            inputs.body[name] = "{{input." + name + "}}"
-
-    def _json_media_type(
-        self, content: Mapping[str, Any], required: bool, inputs: Input
-    ) -> str | None:
-        """The media type whose schema the JSON body follows: ``application/json``, else
-        ``*/*`` or ``application/*`` with a schema (Kubernetes: any type, JSON included).
-        toolrelay sends JSON bodies as ``application/json``, so a body of other JSON types
-        only (``application/merge-patch+json``) is skipped, and so is a non-JSON one; an
-        optional body that declares nothing (Stripe's GETs: a form with no properties) is
-        left out with a warning. None: no body."""
-        types = [t for t in content if isinstance(t, str)]
-        plain = [t for t in types if _base(t) == "application/json"]
-        if plain:
-            return plain[0]
-        for media_type in types:
-            if _base(media_type) in ("*/*", "application/*") and self._has_schema(
-                content[media_type]
-            ):
-                return media_type
-        listed = ", ".join(map(str, content))
-        if not required and all(self._declares_nothing(content[t]) for t in types):
-            inputs.warnings.append(
-                f"its optional request body ({listed}) declares nothing: not sent"
-            )
-            return None
-        if any(is_json(t) for t in types):
-            raise Skip(
-                f"its request body is {listed}: toolrelay sends JSON bodies as"
-                " application/json (a declared Content-Type is not supported yet)"
-            )
-        if any(_base(t) in ("*/*", "application/*") for t in types):
-            raise Skip(f"its request body is {listed} with no schema: what to send is not said")
-        raise Skip(f"its request body is {listed}, not JSON")
-
-    def _has_schema(self, media: Any) -> bool:
-        """A media type with a schema that says something and is not binary."""
-        media = _deref(self.doc, media)
-        schema = _deref(self.doc, media.get("schema")) if isinstance(media, Mapping) else None
-        if not isinstance(schema, Mapping) or not schema:
-            return False
-        return not (schema.get("type") == "string" and schema.get("format") in ("binary", "byte"))
-
-    def _declares_nothing(self, media: Any) -> bool:
-        """No schema, or an object schema without properties (nor anything else to send)."""
-        media = _deref(self.doc, media)
-        schema = _deref(self.doc, media.get("schema")) if isinstance(media, Mapping) else None
-        if schema is None:
-            return True
-        if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
-            return False
-        quiet = {"type", "properties", "additionalProperties", "description", "title", "example"}
-        return (
-            not schema.get("properties")
-            and schema.get("additionalProperties") in (None, False)
-            and not set(schema) - quiet
-        )
-
-    def _flat_body(
-        self, raw: Any, schemas: Schemas, inputs: Input
-    ) -> tuple[dict[str, Any], set[str]] | None:
-        """An object body's properties and required names, when they can be input members."""
-        parts = _object_parts(self.doc, raw)
-        if parts is None:
-            return None
-        properties, required = parts
-        kept = {name: schema for name, schema in properties.items() if not self._read_only(schema)}
-        if not kept or any(not IDENT.fullmatch(name) or name in inputs.properties for name in kept):
-            return None
-        converted = {name: schemas.convert(schema) for name, schema in kept.items()}
-        return converted, required & set(kept)
-
-    def _read_only(self, schema: Any) -> bool:
-        """``readOnly: true``, on the schema itself (beside a ``$ref``) or where it points."""
-        if isinstance(schema, Mapping) and schema.get("readOnly") is True:
-            return True
-        target = _deref(self.doc, schema)
-        return isinstance(target, Mapping) and target.get("readOnly") is True
-
-
-def _base(media_type: str) -> str:
-    return media_type.split(";", 1)[0].strip().lower()
-
-
-def is_json(media_type: str) -> bool:
-    base = _base(media_type)
-    return base == "application/json" or base.endswith("+json")
-
 
 def _styled(name: str, param: Mapping[str, Any], placeholder: str) -> str:
     """A path parameter's placeholder with its style's prefix: ``label`` ``.value``,
@@ -310,6 +200,29 @@ def _styled(name: str, param: Mapping[str, Any], placeholder: str) -> str:
     if style == "matrix":
         return f";{quote(name, safe='')}=" + placeholder
     return placeholder
+
+
+def _member_names(names: list[str]) -> dict[str, str]:
+    """Each parameter name's input member: ``_input_name``, or, for names that would share
+    one (Twilio's ``StartTime>`` and ``StartTime<``), ``_spelled``."""
+    plain = Counter(_input_name(name) for name in set(names))
+    return {
+        name: _spelled(name) if plain[_input_name(name)] > 1 else _input_name(name)
+        for name in names
+    }
+
+
+def _spelled(name: str) -> str:
+    """An input member name with each character outside ``[A-Za-z0-9_-]`` spelled out
+    (``StartTime>`` → ``StartTime_gt``, ``a.b`` → ``a_dot_b``; others by code point)."""
+    out = ""
+    for here, after in zip(name, [*name[1:], ""], strict=True):
+        if re.fullmatch(r"[A-Za-z0-9_-]", here):
+            out += here
+            continue
+        word = SPELLED.get(here, f"u{ord(here):04x}")
+        out += f"_{word}" + ("_" if word and re.fullmatch(r"[A-Za-z0-9]", after) else "")
+    return out if IDENT.fullmatch(out) else f"_{out}"
 
 
 def _input_name(name: str) -> str:
@@ -350,21 +263,3 @@ def _scalar_forms(doc: Mapping[str, Any], raw: Any) -> Any:
             if scalar:
                 return {k: v for k, v in schema.items() if k != key} | {key: scalar}
     return raw
-
-
-def _object_parts(doc: Mapping[str, Any], raw: Any) -> tuple[dict[str, Any], set[str]] | None:
-    """Properties and required names of an object schema (``allOf`` of objects merged)."""
-    schema = _deref(doc, raw)
-    if not isinstance(schema, Mapping) or any(k in schema for k in ("oneOf", "anyOf", "not")):
-        return None
-    if schema.get("type", "object") != "object" or schema.get("nullable") is True:
-        return None
-    properties: dict[str, Any] = dict(schema.get("properties") or {})
-    required = {r for r in schema.get("required") or [] if isinstance(r, str)}
-    for part in schema.get("allOf") or []:
-        parts = _object_parts(doc, part)
-        if parts is None:
-            return None
-        properties |= parts[0]
-        required |= parts[1]
-    return (properties, required) if properties else None
