@@ -284,3 +284,23 @@ def test_parameters_that_would_share_a_member_are_spelled_out() -> None:
     assert set(spec.schema_input["properties"]) == {"StartTime_gt", "StartTime_lt", "To"}
     url = render(spec, {"StartTime_gt": "2026-01-01", "StartTime_lt": "2026-02-01"}).url
     assert url == ("https://api.example.com/calls?StartTime%3E=2026-01-01&StartTime%3C=2026-02-01")
+
+
+def test_a_media_type_cannot_inject_a_header() -> None:
+    """The document's media type keys become header values: CR/LF in one never becomes a
+    second header (the operation is skipped), nor a second line of the import's output."""
+    evil = "application/vnd.x+json\r\nX-Injected: 1"
+    doc = api({
+        "/body": {"post": ok("body", requestBody=json_body(THING, kind=evil))},
+        "/reply": {"get": {"operationId": "reply", "responses": {
+            "200": {"description": "x", "content": {evil: {}}}}}},
+    })  # fmt: skip
+    plan = tools_from_openapi(doc)
+    assert [s.key for s in plan.tools] == ["good"]
+    assert [line.split(":")[0].split(" (")[0] for line in plan.skipped] == [
+        "POST /body",
+        "GET /reply",
+    ]
+    assert "control character" in plan.skipped[1]
+    assert all("\r" not in line and "\n" not in line for line in plan.skipped)
+    assert "application/vnd.x+json\\r\\nX-Injected" in plan.skipped[0]

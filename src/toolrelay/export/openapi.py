@@ -75,6 +75,7 @@ __all__ = ["ImportPlan", "load_openapi", "parse_auth", "plan_openapi", "tools_fr
 METHODS: Final = ("get", "put", "post", "delete", "patch")
 UNSUPPORTED_METHODS: Final = ("head", "options", "trace")
 KEY_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 MAX_REASONS_SHOWN: Final = 5  # in the error for a document with nothing importable
 # A response schema larger than this (JSON characters) keeps only the component schemas near
 # its root (openapi_schemas.Schemas.with_defs): MCP lists tools in pages of ~512 KiB.
@@ -165,17 +166,23 @@ def plan_openapi(
                 raise InvalidArgument(f"{where}: tool key {spec.key!r} is also {seen[spec.key]}'s")
             _check(spec, where)
         except _Skip as exc:
-            plan.skipped.append(f"{where}: {exc}")
+            plan.skipped.append(_printable(f"{where}: {exc}"))
             continue
         except InvalidArgument as exc:
             if strict:
                 raise
-            plan.skipped.append(exc.message)  # it starts with where
+            plan.skipped.append(_printable(exc.message))  # it starts with where
             continue
         seen[spec.key] = where
         plan.tools.append(spec)
-        plan.warnings.extend(f"{where}: {w}" for w in warnings)
+        plan.warnings.extend(_printable(f"{where}: {w}") for w in warnings)
     return plan
+
+
+def _printable(line: str) -> str:
+    """A skip or warning line as one printable line: the document's own text in it (a path,
+    a media type, a name) cannot start another line of the CLI's output."""
+    return CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), line)
 
 
 def _slug(text: str) -> str:
