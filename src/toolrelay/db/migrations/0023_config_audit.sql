@@ -19,7 +19,8 @@
 --    nothing either.
 -- 3. Append-only for everyone: owners read their own tenant's rows (an agent identity reads
 --    none), service_role reads all; nobody is granted INSERT, UPDATE, DELETE or TRUNCATE,
---    and a statement trigger refuses UPDATE, DELETE and TRUNCATE even for the table's owner.
+--    and statement triggers refuse UPDATE, DELETE and TRUNCATE, and an INSERT not made by
+--    the audit trigger, even for the table's owner.
 --    A superuser can always do anything (docs/audit.md).
 --
 -- A later table is one trigger line (see the end of this file for the five of today):
@@ -121,8 +122,13 @@ BEGIN
     END IF;
     INSERT INTO agents.config_audit (owner, actor, actor_role, session_role, kind, object_id,
                                      object_label, action, changes)
-    SELECT o, auth.uid(), agents.caller_role(), session_user, TG_ARGV[0], (v_row ->> 'id')::uuid,
-           v_row ->> v_label, lower(TG_OP), v_changes
+    -- The effective role (0012's rule, spelled out so that this stays the database role):
+    -- inside SECURITY DEFINER current_user is the definer, but the caller's SET ROLE stays
+    -- in the setting 'role'; 'none' means there was none, and the session user acts.
+    SELECT o, auth.uid(), CASE current_setting('role') WHEN 'none' THEN session_user::text
+                               ELSE current_setting('role') END,
+           session_user, TG_ARGV[0], (v_row ->> 'id')::uuid, v_row ->> v_label, lower(TG_OP),
+           v_changes
       FROM unnest(v_owners) o;
     RETURN NULL;
 END
@@ -144,7 +150,26 @@ CREATE TRIGGER config_audit_append_only
     BEFORE UPDATE OR DELETE OR TRUNCATE ON agents.config_audit
     FOR EACH STATEMENT EXECUTE FUNCTION agents.tg_config_audit_append_only();
 
+-- Nor is a row written but by the triggers above: a direct INSERT, even the table owner's,
+-- is refused (the audit trigger's own insert runs a trigger level down).
+CREATE FUNCTION agents.tg_config_audit_from_triggers() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog
+AS $$
+BEGIN
+    IF pg_trigger_depth() < 2 THEN
+        RAISE EXCEPTION 'agents.config_audit is written by the configuration tables'' triggers'
+            ' only: INSERT is refused' USING ERRCODE = '42501';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER config_audit_from_triggers
+    BEFORE INSERT ON agents.config_audit
+    FOR EACH STATEMENT EXECUTE FUNCTION agents.tg_config_audit_from_triggers();
+
 REVOKE EXECUTE ON FUNCTION agents.tg_config_audit(), agents.tg_config_audit_append_only(),
+    agents.tg_config_audit_from_triggers(),
     agents.audit_logged(jsonb, text[]), agents.audit_secret_column(text) FROM PUBLIC;
 
 -- Owners read their own tenant's rows, an agent identity none; service_role (BYPASSRLS)
