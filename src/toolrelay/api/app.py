@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 
 from toolrelay import __version__
 from toolrelay.api import agent_routes, approvals, errors, operations, owner_routes
+from toolrelay.api.audit_routes import router as audit_router
 from toolrelay.api.context import ApiContext, ApiSettings
 from toolrelay.api.limits import BodySizeLimit
 from toolrelay.dispatch.worker import Worker
@@ -88,6 +89,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(owner_routes.router)
     app.include_router(agent_routes.router)
     app.include_router(approvals.router)
+    app.include_router(audit_router)  # /v1/audit (docs/audit.md)
     mount_mcp(app)  # MCP over streamable HTTP at /mcp (docs/mcp.md); its middleware first
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(operations.AccessLog)  # outermost: one JSON line per request

@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 
 from toolrelay.cli import agents
 from toolrelay.cli.agents import agent_app, invocations_app
+from toolrelay.cli.audit import audit
 from toolrelay.cli.chaos import chaos
 from toolrelay.cli.context import console, fail
 from toolrelay.cli.credentials import credential_app
@@ -105,6 +106,7 @@ for command in (
     demo,
     prune,
     chaos,
+    audit,
 ):
     app.command()(command)
 
