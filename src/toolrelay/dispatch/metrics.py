@@ -6,7 +6,7 @@ The same counters feed the worker's periodic summary line (``Counts`` and ``sinc
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -63,6 +63,7 @@ class Metrics:
         self.bucket_counts = [0] * len(LATENCY_BUCKETS)
         self.latency_sum = 0.0
         self.latency_count = 0
+        self.extra: list[Callable[[], list[str]]] = []  # more families (webhook deliveries)
 
     def observe(self, status: str, error_code: str | None, seconds: float) -> None:
         self.outcomes[(status, error_code or "")] += 1
@@ -132,6 +133,7 @@ class Metrics:
                     f"toolrelay_attempt_seconds_count {self.latency_count}",
                 ],
             ),
+            *(line for more in self.extra for line in more()),
         ]
 
     def render(self) -> str:

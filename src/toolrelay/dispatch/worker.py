@@ -51,6 +51,7 @@ from toolrelay.dispatch.preflight import (
 )
 from toolrelay.dispatch.store import DispatchStore, Row, open_pool
 from toolrelay.errors import ConfigurationError, CredentialError
+from toolrelay.notify.deliver import run_in_worker as deliver_webhooks
 
 log = logging.getLogger("toolrelay.worker")
 
@@ -192,6 +193,7 @@ class Worker:
                 asyncio.create_task(self._heartbeat()),
                 asyncio.create_task(self._summaries()),
                 asyncio.create_task(self._check_names(names)),
+                asyncio.create_task(deliver_webhooks(self)),  # docs/notifications.md
             ]
             try:
                 await self._loop()

@@ -1,0 +1,225 @@
+"""The owner's side of webhooks (sync): subscribe, list, remove, rotate the secret, read
+deliveries, redeliver. One implementation for the CLI and the HTTP API.
+
+The signing secret is generated here, returned once (by ``add`` and ``rotate_secret``) and
+stored sealed like a credential's secret: a data key per subscription wrapped by the master
+key, bound to the subscription's id and owner (``toolrelay.credentials.crypto``). Owners
+can write the sealed columns but not read them (the grants), so it is never shown again.
+"""
+
+from __future__ import annotations
+
+import builtins
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from yarl import URL
+
+from toolrelay.credentials import Keyring
+from toolrelay.credentials.crypto import CredentialIdentity, Envelope, seal, unseal
+from toolrelay.db import Database, translate_db_error
+from toolrelay.db.connect import Row
+from toolrelay.db.queries import load
+from toolrelay.errors import ConfigurationError, InvalidArgument, NotFound
+from toolrelay.notify.signing import new_secret
+
+EVENTS = (
+    "invocation.pending",
+    "invocation.approved",
+    "invocation.rejected",
+    "invocation.completed",
+    "invocation.failed",
+    "invocation.expired",
+)
+FORMATS = ("standard", "slack")
+SECRET_KIND = "webhook_secret"  # in the sealed secret's associated data
+MAX_URL_LENGTH = 2048
+DEFAULT_LIMIT = 50  # deliveries listed
+MAX_LIMIT = 1000
+
+
+def secret_identity(subscription_id: UUID, owner: UUID) -> CredentialIdentity:
+    return CredentialIdentity(subscription_id, owner, SECRET_KIND)
+
+
+def seal_secret(keyring: Keyring, subscription_id: UUID, owner: UUID, secret: str) -> Row:
+    env = seal(keyring, secret_identity(subscription_id, owner), secret.encode())
+    return {"key_id": env.key_id, "wrapped_key": env.wrapped_key, "nonce": env.nonce,
+            "ciphertext": env.ciphertext}  # fmt: skip
+
+
+def unseal_secret(keyring: Keyring, row: Row) -> str:
+    """A claimed delivery's secret (the dispatcher's columns ``secret_*``)."""
+    env = Envelope(
+        row["secret_key_id"],
+        bytes(row["secret_wrapped_key"]),
+        bytes(row["secret_nonce"]),
+        bytes(row["secret_ciphertext"]),
+    )
+    ident = secret_identity(row["subscription_id"], row["owner"])
+    return unseal(keyring, ident, env).decode()
+
+
+def check_url(url: str) -> str:
+    url = url.strip()
+    try:
+        parsed = URL(url)
+    except (ValueError, TypeError):
+        raise InvalidArgument(f"not a URL: {url[:200]!r}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.raw_host:
+        raise InvalidArgument("a webhook URL is http:// or https:// with a host")
+    if parsed.user or parsed.password:
+        raise InvalidArgument("a webhook URL may not carry a user or password")
+    if parsed.fragment or len(url) > MAX_URL_LENGTH or any(c.isspace() for c in url):
+        raise InvalidArgument(
+            f"a webhook URL has no fragment, no spaces and at most {MAX_URL_LENGTH} characters"
+        )
+    return url
+
+
+def check_events(events: Iterable[str]) -> list[str]:
+    chosen: list[str] = []
+    for event in events:
+        for name in (part.strip() for part in event.split(",")):
+            if not name:
+                continue
+            full = name if name.startswith("invocation.") else f"invocation.{name}"
+            if full not in EVENTS:
+                raise InvalidArgument(f"unknown event {name!r}; events: {', '.join(EVENTS)}")
+            if full not in chosen:
+                chosen.append(full)
+    if not chosen:
+        raise InvalidArgument(f"name at least one event: {', '.join(EVENTS)}")
+    return chosen
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise InvalidArgument(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+    return fmt
+
+
+def as_uuid(value: UUID | str, what: str) -> UUID:
+    try:
+        return value if isinstance(value, UUID) else UUID(str(value))
+    except ValueError:
+        raise InvalidArgument(f"not a {what} id (uuid): {str(value)[:80]!r}") from None
+
+
+class Webhooks:
+    """An owner's webhooks; every operation is one transaction run as the owner."""
+
+    def __init__(self, db: Database, owner: UUID | str, keyring: Keyring | None = None) -> None:
+        self._db = db
+        self.owner = as_uuid(owner, "owner")
+        self._keyring = keyring
+        self._q = load("webhooks")
+
+    @contextmanager
+    def _tx(self) -> Iterator[psycopg.Connection[Row]]:
+        try:
+            with self._db.as_owner(self.owner) as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
+    def _keys(self) -> Keyring:
+        if self._keyring is None:
+            raise ConfigurationError(
+                "no master key: webhook secrets are sealed like credentials; set"
+                " TOOLRELAY_MASTER_KEY (or TOOLRELAY_MASTER_KEY_FILE)"
+            )
+        return self._keyring
+
+    def add(self, url: str, events: Sequence[str], fmt: str = "standard") -> tuple[Row, str]:
+        """A new subscription and its secret (shown this once)."""
+        params: dict[str, Any] = {
+            "id": uuid.uuid4(),
+            "owner": self.owner,
+            "url": check_url(url),
+            "format": check_format(fmt),
+            "events": check_events(events),
+        }
+        secret = new_secret()
+        params |= seal_secret(self._keys(), params["id"], self.owner, secret)
+        with self._tx() as conn:
+            row = conn.execute(self._q["add"], params).fetchone()
+        assert row is not None
+        return row, secret
+
+    def list(self) -> builtins.list[Row]:
+        with self._tx() as conn:
+            return conn.execute(self._q["list"]).fetchall()
+
+    def get(self, subscription_id: UUID | str) -> Row:
+        with self._tx() as conn:
+            row = conn.execute(self._q["get"], {"id": self._id(subscription_id)}).fetchone()
+        if row is None:
+            raise NotFound(f"webhook {subscription_id} not found")
+        return row
+
+    def remove(self, subscription_id: UUID | str) -> None:
+        """Delete it with its deliveries (dead letters included)."""
+        with self._tx() as conn:
+            row = conn.execute(self._q["remove"], {"id": self._id(subscription_id)}).fetchone()
+        if row is None:
+            raise NotFound(f"webhook {subscription_id} not found")
+
+    def set_enabled(self, subscription_id: UUID | str, enabled: bool) -> Row:
+        params = {"id": self._id(subscription_id), "enabled": enabled}
+        with self._tx() as conn:
+            row = conn.execute(self._q["set_enabled"], params).fetchone()
+        if row is None:
+            raise NotFound(f"webhook {subscription_id} not found")
+        return row
+
+    def rotate_secret(self, subscription_id: UUID | str) -> tuple[Row, str]:
+        """A new secret, effective for every attempt from now on (shown this once)."""
+        sid = self._id(subscription_id)
+        secret = new_secret()
+        params: dict[str, Any] = {"id": sid} | seal_secret(self._keys(), sid, self.owner, secret)
+        with self._tx() as conn:
+            row = conn.execute(self._q["rotate"], params).fetchone()
+        if row is None:
+            raise NotFound(f"webhook {subscription_id} not found")
+        return row, secret
+
+    def deliveries(
+        self,
+        dead: bool = False,
+        subscription_id: UUID | str | None = None,
+        limit: int = DEFAULT_LIMIT,
+    ) -> builtins.list[Row]:
+        if not 1 <= limit <= MAX_LIMIT:
+            raise InvalidArgument(f"limit must be between 1 and {MAX_LIMIT}")
+        params = {
+            "dead": dead,
+            "subscription": None if subscription_id is None else self._id(subscription_id),
+            "limit": limit,
+        }
+        with self._tx() as conn:
+            return conn.execute(self._q["deliveries"], params).fetchall()
+
+    def delivery(self, delivery_id: UUID | str) -> Row:
+        with self._tx() as conn:
+            row = conn.execute(
+                self._q["delivery"], {"id": as_uuid(delivery_id, "delivery")}
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"webhook delivery {delivery_id} not found")
+        return row
+
+    def redeliver(self, delivery_id: UUID | str) -> Row:
+        """Due again now, attempts from zero, the same webhook-id."""
+        did = as_uuid(delivery_id, "delivery")
+        with self._tx() as conn:
+            conn.execute(self._q["redeliver"], {"id": did})
+        return self.delivery(did)
+
+    @staticmethod
+    def _id(value: UUID | str) -> UUID:
+        return as_uuid(value, "webhook")
