@@ -25,6 +25,7 @@ from toolrelay.cli.prune import prune
 from toolrelay.cli.serve import serve
 from toolrelay.cli.tokens import token_app
 from toolrelay.cli.tools import tool_app
+from toolrelay.cli.webhooks import webhook_app
 from toolrelay.cli.worker import worker
 from toolrelay.db import Database, migrate
 from toolrelay.db.errors import is_connection_error
@@ -92,6 +93,7 @@ for name, group in (
     ("import", import_app),
     ("owner", owner_app),
     ("db", db_app),
+    ("webhook", webhook_app),
 ):
     app.add_typer(group, name=name)
 for command in (
