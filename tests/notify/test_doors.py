@@ -1,0 +1,188 @@
+"""The other doors: the CLI, /v1/webhooks, row-level security, and the worker's own loop."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from tests.notify.conftest import LOOPBACK_ONLY, Receiver
+from tests.notify.helpers import subscribe, tool_for
+from toolrelay.api import ApiSettings, create_app
+from toolrelay.cli import context
+from toolrelay.cli.main import app as cli_app
+from toolrelay.credentials import Keyring
+from toolrelay.dispatch.worker import Worker, WorkerSettings
+from toolrelay.tokens import TokenStore
+
+ARRIVAL_TIMEOUT = 30.0  # seconds
+
+
+def test_cli_prints_the_secret_once_and_never_again(
+    owner: SimpleNamespace, keyring: Keyring, notify_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    master = ",".join(f"{k}:{base64.b64encode(keyring.get(k).key).decode()}" for k in keyring.ids)
+    monkeypatch.setenv("DATABASE_URL", notify_url)
+    monkeypatch.setenv("TOOLRELAY_OWNER", str(owner.id))
+    monkeypatch.setenv("TOOLRELAY_MASTER_KEY", master)
+    context.database.cache_clear()
+    runner = CliRunner()
+
+    def run(*args: str) -> tuple[str, str]:
+        result = runner.invoke(cli_app, ["webhook", *args])
+        assert result.exit_code == 0, (args, result.stdout, result.stderr)
+        return result.stdout, result.stderr
+
+    try:
+        out, err = run("add", "https://hooks.example.com/x", "--events", "pending,approved",
+                       "--format", "slack")  # fmt: skip
+        secret = out.strip()
+        assert secret.startswith("whsec_") and len(base64.b64decode(secret[6:])) == 32
+        [hook] = json.loads(run("list", "-o", "json")[0])["items"]
+        assert hook["id"] in err and (hook["format"], hook["enabled"]) == ("slack", True)
+        assert hook["events"] == ["invocation.pending", "invocation.approved"]
+        rotated = run("rotate-secret", hook["id"])[0].strip()
+        assert rotated.startswith("whsec_") and rotated != secret
+        listed = run("list", "-o", "json")[0] + run("deliveries", "-o", "json")[0]
+        assert secret not in listed and rotated not in listed
+        assert json.loads(run("deliveries", "--dead", "-o", "json")[0]) == {"items": []}
+        run("disable", hook["id"])
+        assert json.loads(run("list", "-o", "json")[0])["items"][0]["enabled"] is False
+        run("remove", hook["id"])
+        assert json.loads(run("list", "-o", "json")[0]) == {"items": []}
+        bad = runner.invoke(cli_app, ["webhook", "add", "ftp://x", "--events", "pending"])
+        assert bad.exit_code == 1 and "http:// or https://" in bad.stderr
+        bad = runner.invoke(cli_app, ["webhook", "add", "https://x.example", "-e", "sent"])
+        assert bad.exit_code == 1 and "unknown event 'sent'" in bad.stderr
+    finally:
+        context.database.cache_clear()
+
+
+def test_api_manages_webhooks_for_owners_only(
+    make_owner: Callable[[], SimpleNamespace], keyring: Keyring, notify_url: str, ndb: object
+) -> None:
+    alice, bob = make_owner(), make_owner()
+    tokens = TokenStore(alice.registry.db)
+    alice.registry.create_agent("bot")
+    agent = alice.registry.get_agent("bot")["id"]
+    auth = {who: {"Authorization": f"Bearer {tokens.create(o, a)[1]}"}
+            for who, o, a in (("alice", alice.id, None), ("bob", bob.id, None),
+                              ("agent", alice.id, agent))}  # fmt: skip
+    app = create_app(ApiSettings(database_url=notify_url, keyring=keyring, run_worker=False))
+    with TestClient(app) as client:
+        made = client.post("/v1/webhooks", headers=auth["alice"],
+                           json={"url": "https://hooks.example.com/a",
+                                 "events": ["invocation.failed"]})  # fmt: skip
+        assert made.status_code == 201, made.text
+        hook = made.json()
+        assert hook["secret"].startswith("whsec_") and hook["format"] == "standard"
+        listed = client.get("/v1/webhooks", headers=auth["alice"]).json()["items"]
+        assert [h["id"] for h in listed] == [hook["id"]] and "secret" not in listed[0]
+        assert client.get("/v1/webhooks", headers=auth["bob"]).json() == {"items": []}
+        assert client.get(f"/v1/webhooks/{hook['id']}", headers=auth["bob"]).status_code == 404
+        assert client.get("/v1/webhooks", headers=auth["agent"]).status_code == 403
+        rotated = client.post(f"/v1/webhooks/{hook['id']}/rotate-secret", headers=auth["alice"])
+        assert rotated.status_code == 200 and rotated.json()["secret"] != hook["secret"]
+        patched = client.patch(f"/v1/webhooks/{hook['id']}", headers=auth["alice"],
+                               json={"enabled": False})  # fmt: skip
+        assert patched.json()["enabled"] is False
+        got = client.get("/v1/webhooks/deliveries?dead=true", headers=auth["alice"])
+        assert got.status_code == 200 and got.json() == {"items": []}
+        missing = client.post(f"/v1/webhooks/deliveries/{hook['id']}/redeliver",
+                              headers=auth["alice"])  # fmt: skip
+        assert missing.status_code == 404
+        bad = client.post(
+            "/v1/webhooks",
+            headers=auth["alice"],
+            json={"url": "https://x.example", "events": ["invocation.sent"]},
+        )
+        assert bad.status_code == 422
+        assert client.delete(f"/v1/webhooks/{hook['id']}", headers=auth["bob"]).status_code == 404
+        assert client.delete(f"/v1/webhooks/{hook['id']}", headers=auth["alice"]).status_code == 204
+        assert client.get("/v1/webhooks", headers=auth["alice"]).json() == {"items": []}
+
+
+async def test_rls_owner_sees_its_own_agent_sees_none_secrets_unreadable(
+    make_owner: Callable[[], SimpleNamespace], receiver: Receiver, notify_url: str
+) -> None:
+    from toolrelay.notify import Deliverer  # noqa: F401  (the package imports cleanly)
+
+    alice, bob = make_owner(), make_owner()
+    subscribe(alice, receiver)
+    alice.registry.invoke("bot", tool_for(alice, receiver, gated=True), {})
+    agent = alice.registry.get_agent("bot")["id"]
+
+    def as_caller(conn: psycopg.Connection[tuple[object, ...]], owner: object,
+                  agent_id: object = None) -> None:  # fmt: skip
+        claims = {"sub": str(owner), "role": "authenticated"}
+        if agent_id:
+            claims["agent_id"] = str(agent_id)
+        conn.execute(
+            "SELECT set_config('role', 'authenticated', true),"
+            " set_config('request.jwt.claims', %s, true)",
+            (json.dumps(claims),),
+        )
+
+    def count(owner: object, table: str, agent_id: object = None) -> int:
+        with psycopg.connect(notify_url) as conn:
+            as_caller(conn, owner, agent_id)
+            row = conn.execute(f"SELECT count(*) FROM agents.{table}").fetchone()
+            assert row is not None
+            return int(str(row[0]))
+
+    assert count(alice.id, "webhook_subscriptions") == 1
+    assert count(alice.id, "webhook_deliveries") == 1
+    assert count(bob.id, "webhook_subscriptions") == count(bob.id, "webhook_deliveries") == 0
+    assert count(alice.id, "webhook_subscriptions", agent) == 0
+    assert count(alice.id, "webhook_deliveries", agent) == 0
+    for statement in (
+        "SELECT secret_ciphertext FROM agents.webhook_subscriptions",
+        "SELECT secret_wrapped_key FROM agents.webhook_subscriptions",
+        "INSERT INTO agents.webhook_deliveries (owner, subscription_id, invocation_id, event,"
+        " payload) SELECT owner, id, gen_random_uuid(), 'invocation.failed', '{}'"
+        " FROM agents.webhook_subscriptions",
+        "UPDATE agents.webhook_deliveries SET dead = true",
+    ):
+        with psycopg.connect(notify_url) as conn:
+            as_caller(conn, alice.id)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+    with psycopg.connect(notify_url) as conn:  # an agent cannot subscribe either
+        as_caller(conn, alice.id, agent)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="agent identity"):
+            conn.execute("DELETE FROM agents.webhook_subscriptions")
+
+
+async def test_the_worker_delivers_in_its_own_loop(
+    owner: SimpleNamespace,
+    receiver: Receiver,
+    keyring: Keyring,
+    notify_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TOOLRELAY_PUBLIC_URL", "https://relay.example.com/")
+    subscribe(owner, receiver, events=("invocation.completed",))
+    inv = owner.registry.invoke("bot", tool_for(owner, receiver, gated=False), {})
+    worker = Worker(notify_url, WorkerSettings(concurrency=4, lease_seconds=5.0), keyring,
+                    LOOPBACK_ONLY)  # fmt: skip
+    task = asyncio.create_task(worker.run())
+    try:
+        while not receiver.at("/hook"):
+            receiver.arrived.clear()
+            await asyncio.wait_for(receiver.arrived.wait(), ARRIVAL_TIMEOUT)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, ARRIVAL_TIMEOUT)
+    [got] = receiver.at("/hook")
+    assert got.json["data"]["invocation_id"] == str(inv)
+    assert got.json["data"]["link"] == f"https://relay.example.com/approvals#invocation-{inv}"
+    metrics = worker.metrics.render()
+    assert 'toolrelay_webhook_attempts_total{result="delivered"} 1' in metrics
+    assert 'toolrelay_webhook_deliveries{state="pending"}' in metrics
