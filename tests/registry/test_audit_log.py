@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,7 +20,9 @@ from typer.testing import CliRunner
 from tests.pgtest import create_database, drop_database
 from tests.registry.helpers import add_tool
 from toolrelay.api import ApiSettings, create_app
+from toolrelay.api.audit_routes import AuditKind
 from toolrelay.cli import context
+from toolrelay.cli.audit import AuditKind as CliAuditKind
 from toolrelay.cli.main import app
 from toolrelay.credentials import Keyring, MasterKey
 from toolrelay.db import Database, migrate
@@ -220,3 +222,8 @@ def test_the_api_logs_its_changes_and_shows_them_to_the_owner_only(
     for params in ({"cursor": "bm9wZQ"}, {"kind": "tools"}, {"limit": 0}, {"since": "soon"}):
         bad = api.get("/v1/audit", params=params, headers=me)
         assert bad.status_code == 422, (params, bad.text)
+
+
+def test_every_door_takes_the_same_kinds() -> None:
+    assert tuple(get_args(AuditKind)) == AUDIT_KINDS
+    assert tuple(kind.value for kind in CliAuditKind) == AUDIT_KINDS
