@@ -45,8 +45,10 @@ JWT_MIN_SECRET_CHARS = 32
 JWT_LEEWAY = 30  # seconds of clock skew tolerated on exp / nbf
 JWT_ROLE = "authenticated"  # Supabase's role for signed-in users; service_role JWTs are refused
 
-_AUTHENTICATE = "SELECT token_id, owner, agent_id FROM agents.authenticate_token(%(hash)s)"
-_INFO = "id, owner, agent_id, name, created_at, last_used_at, expires_at, revoked_at"
+_AUTHENTICATE = (
+    "SELECT token_id, owner, agent_id, member_id FROM agents.authenticate_token(%(hash)s)"
+)
+_INFO = "id, owner, agent_id, member_id, name, created_at, last_used_at, expires_at, revoked_at"
 
 
 class Unauthenticated(ToolrelayError):
@@ -57,11 +59,13 @@ class Unauthenticated(ToolrelayError):
 
 @dataclass(frozen=True)
 class Caller:
-    """Who is calling: an owner, or one of the owner's agents."""
+    """Who is calling: an owner (the tenant itself, or one of its members), or one of the
+    owner's agents. A member's role is the database's to check (migration 0025)."""
 
     owner: UUID
     agent_id: UUID | None = None
     token_id: UUID | None = None  # None for a JWT
+    member_id: UUID | None = None
 
     @property
     def is_agent(self) -> bool:
@@ -86,6 +90,7 @@ class TokenInfo:
     id: UUID
     owner: UUID
     agent_id: UUID | None
+    member_id: UUID | None
     name: str | None
     created_at: datetime
     last_used_at: datetime | None
@@ -94,7 +99,19 @@ class TokenInfo:
 
     @property
     def kind(self) -> str:
-        return "agent" if self.agent_id is not None else "owner"
+        if self.agent_id is not None:
+            return "agent"
+        return "member" if self.member_id is not None else "owner"
+
+
+Acting = UUID | Caller  # the tenant itself, or a caller (a member acts as that member)
+
+
+def acting_as(who: Acting) -> tuple[UUID, UUID | None]:
+    """(tenant, member) for a store's transaction."""
+    if isinstance(who, Caller):
+        return who.owner, who.member_id
+    return who, None
 
 
 def new_token() -> str:
@@ -113,34 +130,36 @@ class TokenStore:
 
     def create(
         self,
-        owner: UUID,
+        owner: Acting,
         agent_id: UUID | None = None,
         name: str | None = None,
         expires_at: datetime | None = None,
+        member_id: UUID | None = None,
     ) -> tuple[TokenInfo, str]:
-        """A new token for the owner (or one of their agents); returns it once, in clear."""
+        """A new token for the owner (or one of their agents or members); returns it once,
+        in clear."""
         token = new_token()
         with self._as_owner(owner) as conn:
             row = conn.execute(
-                "SELECT fn_create_api_token(%s, %s, %s, %s) AS id",
-                (hash_token(token), agent_id, name, expires_at),
+                "SELECT fn_create_api_token(%s, %s, %s, %s, %s) AS id",
+                (hash_token(token), agent_id, name, expires_at, member_id),
             ).fetchone()
             assert row is not None
             info = _one(conn, row["id"])
         return info, token
 
-    def get(self, owner: UUID, token_id: UUID) -> TokenInfo:
+    def get(self, owner: Acting, token_id: UUID) -> TokenInfo:
         with self._as_owner(owner) as conn:
             return _one(conn, token_id)
 
-    def list(self, owner: UUID) -> builtins.list[TokenInfo]:
+    def list(self, owner: Acting) -> builtins.list[TokenInfo]:
         with self._as_owner(owner) as conn:
             rows = conn.execute(
                 f"SELECT {_INFO} FROM agents.api_tokens ORDER BY created_at, id"
             ).fetchall()
         return [TokenInfo(**row) for row in rows]
 
-    def revoke(self, owner: UUID, token_id: UUID) -> bool:
+    def revoke(self, owner: Acting, token_id: UUID) -> bool:
         """True when this call revoked it, False when it already was; NotFound otherwise."""
         with self._as_owner(owner) as conn:
             row = conn.execute("SELECT fn_revoke_api_token(%s) AS done", (token_id,)).fetchone()
@@ -158,12 +177,18 @@ class TokenStore:
         if not rows:
             return None
         row = rows[0]
-        return Caller(owner=row["owner"], agent_id=row["agent_id"], token_id=row["token_id"])
+        return Caller(
+            owner=row["owner"],
+            agent_id=row["agent_id"],
+            token_id=row["token_id"],
+            member_id=row["member_id"],
+        )
 
     @contextmanager
-    def _as_owner(self, owner: UUID) -> Iterator[psycopg.Connection[Row]]:
+    def _as_owner(self, who: Acting) -> Iterator[psycopg.Connection[Row]]:
+        owner, member = acting_as(who)
         try:
-            with self._db.as_owner(owner) as conn:
+            with self._db.as_owner(owner, member_id=member) as conn:
                 yield conn
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None

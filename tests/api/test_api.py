@@ -203,7 +203,7 @@ def test_agent_tokens_cannot_use_owner_endpoints_and_owners_not_agent_ones(world
     assert error_of(world.alice.get("/v1/agent/tools")) == (403, "permission_denied")
     me = world.bot.get("/v1/me").json()
     assert me == {"kind": "agent", "owner": str(world.alice.owner),
-                  "agent_id": str(world.bot.agent_id)}  # fmt: skip
+                  "agent_id": str(world.bot.agent_id), "member_id": None, "role": None}  # fmt: skip
 
 
 def test_agent_cannot_read_another_agents_invocation(world: World, api: str) -> None:

@@ -73,7 +73,8 @@ def test_supabase_jwt_acts_as_its_subject(jwt_api: str, db: Database) -> None:
     owner = uuid.uuid4()
     Registry(db, owner).create_agent("jwt-bot")
     with httpx.Client(base_url=jwt_api, headers=bearer(supabase_jwt(str(owner)))) as http:
-        assert http.get("/v1/me").json() == {"kind": "owner", "owner": str(owner), "agent_id": None}
+        assert http.get("/v1/me").json() == {"kind": "owner", "owner": str(owner), "agent_id": None,
+                                             "member_id": None, "role": "admin"}  # fmt: skip
         assert [a["name"] for a in http.get("/v1/agents").json()["items"]] == ["jwt-bot"]
         no_key = http.post("/v1/credentials", json={"kind": "api_key", "name": "k", "secret": "s"})
         assert no_key.status_code == 503

@@ -57,8 +57,11 @@ def test_token_create_prints_the_token_alone_and_revoke_stops_it(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["token", "create"], "exactly one of --owner and --agent"),
-        (["token", "create", "--owner", "--agent", "x"], "exactly one of --owner and --agent"),
+        (["token", "create"], "exactly one of --owner, --agent ID and --member ID"),
+        (
+            ["token", "create", "--owner", "--agent", "x"],
+            "exactly one of --owner, --agent ID and --member ID",
+        ),
         (["token", "create", "--agent", "nobody"], "agent nobody not found"),
         (["token", "revoke", "nope"], "not a token id"),
         (["token", "revoke", str(uuid.UUID(int=1))], "not found"),

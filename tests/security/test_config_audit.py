@@ -229,6 +229,6 @@ async def test_a_dispatcher_run_adds_no_audit_rows(
             " WHERE tgfoid = 'agents.tg_config_audit'::regproc ORDER BY 1"
         ).fetchall()
     assert {r["tbl"] for r in audited} == {
-        "agents.agents", "agents.api_tokens", "agents.credentials", "agents.tool_assignments",
-        "agents.tools_registry",
+        "agents.agents", "agents.api_tokens", "agents.credentials", "agents.members",
+        "agents.tool_assignments", "agents.tools_registry",
     }  # fmt: skip

@@ -70,8 +70,9 @@ class ApiContext:
         )
 
     def registry(self, caller: Caller) -> Registry:
-        """The caller's view: every transaction runs as the owner, with the agent's claims."""
-        return Registry(self.db, caller.owner, agent_id=caller.agent_id)
+        """The caller's view: every transaction runs as the owner, with the agent's or the
+        member's claims."""
+        return Registry(self.db, caller.owner, agent_id=caller.agent_id, member_id=caller.member_id)
 
 
 def get_context(request: Request) -> ApiContext:

@@ -22,6 +22,7 @@ from toolrelay.api.paths import (
 )
 from toolrelay.errors import Conflict, NotFound
 from toolrelay.registry import Registry, ToolSpec
+from toolrelay.registry.members import Members
 from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1")
@@ -44,9 +45,11 @@ Reg = Annotated[Registry, Depends(_registry)]
     tags=["auth"],
     summary="Who the token belongs to",
 )
-def me(caller: Annotated[Caller, Depends(any_caller)]) -> s.Me:
+def me(context: Ctx, caller: Annotated[Caller, Depends(any_caller)]) -> s.Me:
+    role = None if caller.is_agent else Members(context.db).role_of(caller)
     return s.Me(kind="agent" if caller.is_agent else "owner", owner=caller.owner,
-                agent_id=caller.agent_id)  # fmt: skip
+                agent_id=caller.agent_id, member_id=caller.member_id,
+                role=role)  # type: ignore[arg-type]  # fmt: skip
 
 
 # --- tools -----------------------------------------------------------------------------------
@@ -153,7 +156,7 @@ def _secret(value: str | dict[str, Any]) -> str:
     summary="List credentials (metadata only)",
 )
 def list_credentials(context: Ctx, caller: Owner) -> s.CredentialList:
-    infos = context.credentials.list(caller.owner)
+    infos = context.credentials.list(caller)
     return s.CredentialList(items=[s.CredentialOut.model_validate(i, from_attributes=True)
                                    for i in infos])  # fmt: skip
 
@@ -168,9 +171,9 @@ def list_credentials(context: Ctx, caller: Owner) -> s.CredentialList:
 )
 def add_credential(body: s.CredentialIn, context: Ctx, caller: Owner) -> s.CredentialOut:
     new_id = context.credentials.add(
-        caller.owner, body.kind, body.name, _secret(body.secret), body.allowed_hosts
+        caller, body.kind, body.name, _secret(body.secret), body.allowed_hosts
     )
-    info = context.credentials.get(caller.owner, new_id)
+    info = context.credentials.get(caller, new_id)
     return s.CredentialOut.model_validate(info, from_attributes=True)
 
 
@@ -182,7 +185,7 @@ def add_credential(body: s.CredentialIn, context: Ctx, caller: Owner) -> s.Crede
     summary="Show a credential",
 )
 def show_credential(credential_id: UUID, context: Ctx, caller: Owner) -> s.CredentialOut:
-    info = context.credentials.get(caller.owner, credential_id)
+    info = context.credentials.get(caller, credential_id)
     return s.CredentialOut.model_validate(info, from_attributes=True)
 
 
@@ -196,8 +199,8 @@ def show_credential(credential_id: UUID, context: Ctx, caller: Owner) -> s.Crede
 def rotate_credential(
     credential_id: UUID, body: s.RotateIn, context: Ctx, caller: Owner
 ) -> s.CredentialOut:
-    context.credentials.rotate(caller.owner, credential_id, _secret(body.secret))
-    info = context.credentials.get(caller.owner, credential_id)
+    context.credentials.rotate(caller, credential_id, _secret(body.secret))
+    info = context.credentials.get(caller, credential_id)
     return s.CredentialOut.model_validate(info, from_attributes=True)
 
 
@@ -214,7 +217,7 @@ def delete_credential(
     caller: Owner,
     force: Annotated[bool, Query(description="Unbind the tools that use it first.")] = False,
 ) -> s.CredentialDeleted:
-    unbound = context.credentials.delete(caller.owner, credential_id, force=force)
+    unbound = context.credentials.delete(caller, credential_id, force=force)
     return s.CredentialDeleted(id=credential_id, unbound_tools=unbound)
 
 
@@ -397,7 +400,7 @@ def retry(invocation_id: UUID, registry: Reg, response: Response) -> s.Invocatio
     summary="List API tokens (never the tokens themselves)",
 )
 def list_tokens(context: Ctx, caller: Owner) -> s.TokenList:
-    infos = context.tokens.list(caller.owner)
+    infos = context.tokens.list(caller)
     return s.TokenList(items=[s.TokenOut.model_validate(i, from_attributes=True) for i in infos])
 
 
@@ -407,11 +410,13 @@ def list_tokens(context: Ctx, caller: Owner) -> s.TokenList:
     responses=error_responses(*SPLIT, *BODY, 404),
     tags=["auth"],
     status_code=status.HTTP_201_CREATED,
-    summary="Make a token for the owner or one of their agents (shown once)",
+    summary="Make a token for the owner, one of their agents or one of their members (shown once)",
 )
 def create_token(body: s.TokenIn, context: Ctx, caller: Owner, registry: Reg) -> s.TokenCreated:
     agent_id = registry.get_agent(body.agent)["id"] if body.agent is not None else None
-    info, token = context.tokens.create(caller.owner, agent_id, body.name, body.expires_at)
+    info, token = context.tokens.create(
+        caller, agent_id, body.name, body.expires_at, member_id=body.member
+    )
     out = s.TokenOut.model_validate(info, from_attributes=True)
     return s.TokenCreated(**out.model_dump(), token=token)
 
@@ -424,4 +429,4 @@ def create_token(body: s.TokenIn, context: Ctx, caller: Owner, registry: Reg) ->
     summary="Revoke a token",
 )
 def revoke_token(token_id: UUID, context: Ctx, caller: Owner) -> s.Revoked:
-    return s.Revoked(revoked=context.tokens.revoke(caller.owner, token_id))
+    return s.Revoked(revoked=context.tokens.revoke(caller, token_id))

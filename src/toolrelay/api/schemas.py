@@ -216,14 +216,16 @@ class Revoked(BaseModel):
 
 class TokenIn(_In):
     agent: Name | None = Field(None, description="An agent name or id; absent: an owner token.")
+    member: UUID | None = Field(None, description="A member's id: a token of that member.")
     name: Name | None = None
     expires_at: datetime | None = None
 
 
 class TokenOut(BaseModel):
     id: UUID
-    kind: Literal["owner", "agent"]
+    kind: Literal["owner", "agent", "member"]
     agent_id: UUID | None
+    member_id: UUID | None
     name: str | None
     created_at: datetime
     last_used_at: datetime | None
@@ -243,6 +245,12 @@ class Me(BaseModel):
     kind: Literal["owner", "agent"]
     owner: UUID
     agent_id: UUID | None
+    member_id: UUID | None = Field(
+        None, description="The member the token belongs to; null: the tenant's own token."
+    )
+    role: Literal["admin", "approver", "viewer"] | None = Field(
+        None, description="The caller's role now (read from the database); null for an agent."
+    )
 
 
 # --- invocations ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from toolrelay.cli.db import db_app
 from toolrelay.cli.demo import demo
 from toolrelay.cli.interop import export_app, import_app
 from toolrelay.cli.mcp import mcp
+from toolrelay.cli.members import member_app
 from toolrelay.cli.owners import owner_app
 from toolrelay.cli.prune import prune
 from toolrelay.cli.serve import serve
@@ -92,6 +93,7 @@ for name, group in (
     ("export", export_app),
     ("import", import_app),
     ("owner", owner_app),
+    ("member", member_app),
     ("db", db_app),
     ("webhook", webhook_app),
 ):

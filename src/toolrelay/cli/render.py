@@ -172,11 +172,24 @@ TOKEN = shape(
     kind string
     agent_id uuid?
     agent_name string?
+    member_id uuid?
     name string?
     created_at time
     last_used_at time?
     expires_at time?
     revoked_at time?
+    """,
+)
+
+MEMBER = shape(
+    "member",
+    """
+    id uuid
+    name string
+    email string?
+    role string
+    created_at time
+    removed_at time?
     """,
 )
 
@@ -255,7 +268,8 @@ DB_STATUS = shape(
     """,
 )
 
-SHAPES = (TOOL, AGENT, CREDENTIAL, TOKEN, INVOCATION, INVOCATION_DETAIL, ATTEMPT, OWNER, DB_STATUS)
+SHAPES = (TOOL, AGENT, CREDENTIAL, TOKEN, MEMBER, INVOCATION, INVOCATION_DETAIL, ATTEMPT, OWNER,
+          DB_STATUS)  # fmt: skip
 
 
 # --- values --------------------------------------------------------------------------------

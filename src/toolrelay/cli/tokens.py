@@ -21,6 +21,7 @@ token_app = typer.Typer(help="Make, list and revoke API tokens.", no_args_is_hel
 def create(
     owner: bool = typer.Option(False, "--owner", help="A token that acts as you, the owner."),
     agent: str | None = typer.Option(None, "--agent", help="A token for this agent (name or id)."),
+    member: UUID | None = typer.Option(None, "--member", help="A token for this member (id)."),
     name: str | None = typer.Option(None, "--name", help="A label to recognise it by."),
     expires_days: float | None = typer.Option(
         None, "--expires-days", min=0.001, help="Expire after this many days (default: never)."
@@ -28,12 +29,12 @@ def create(
 ) -> None:
     """Make a token; prints it alone on stdout. Only its hash is stored: keep it now."""
     try:
-        if owner == (agent is not None):
-            raise InvalidArgument("give exactly one of --owner and --agent ID")
+        if [owner, agent is not None, member is not None].count(True) != 1:
+            raise InvalidArgument("give exactly one of --owner, --agent ID and --member ID")
         me = owner_id()
         agent_id = Registry(database(), me).get_agent(agent)["id"] if agent else None
         expires = datetime.now(UTC) + timedelta(days=expires_days) if expires_days else None
-        _, token = TokenStore(database()).create(me, agent_id, name, expires)
+        _, token = TokenStore(database()).create(me, agent_id, name, expires, member_id=member)
     except ToolrelayError as exc:
         raise fail(exc) from None
     typer.echo(token)

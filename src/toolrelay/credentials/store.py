@@ -30,6 +30,7 @@ from toolrelay.errors import (
     InvalidArgument,
     NotFound,
 )
+from toolrelay.tokens import Acting, acting_as
 
 __all__ = ["CredentialInfo", "CredentialStore"]
 
@@ -62,7 +63,7 @@ class CredentialStore:
 
     def add(
         self,
-        owner: UUID,
+        who: Acting,
         kind: str,
         name: str,
         secret: str,
@@ -72,12 +73,13 @@ class CredentialStore:
             raise InvalidArgument(
                 f"unknown credential kind {kind!r}; use one of {', '.join(KINDS)}"
             )
+        owner, _ = acting_as(who)
         hosts = _hosts(allowed_hosts or ())
         parsed = parse_secret(kind, secret)
         credential_id = uuid.uuid4()  # chosen here: the associated data binds it
         ident = crypto.CredentialIdentity(credential_id, owner, kind)
         env = crypto.seal(self._require_keyring(), ident, encode_secret(parsed.secret))
-        with self._as_owner(owner) as conn:
+        with self._as_owner(who) as conn:
             conn.execute(
                 "INSERT INTO agents.credentials (id, owner, name, kind, allowed_hosts, key_id,"
                 " wrapped_key, nonce, ciphertext, expires_at)"
@@ -98,19 +100,19 @@ class CredentialStore:
         log.info("credential %s (%s) added", credential_id, kind)
         return credential_id
 
-    def get(self, owner: UUID, credential_id: UUID) -> CredentialInfo:
+    def get(self, owner: Acting, credential_id: UUID) -> CredentialInfo:
         with self._as_owner(owner) as conn:
             return CredentialInfo(**_owned(conn, credential_id, _INFO))
 
-    def list(self, owner: UUID) -> builtins.list[CredentialInfo]:
+    def list(self, owner: Acting) -> builtins.list[CredentialInfo]:
         with self._as_owner(owner) as conn:
             rows = conn.execute(
                 f"SELECT {_INFO} FROM agents.credentials WHERE owner = %s ORDER BY name",
-                (owner,),
+                (acting_as(owner)[0],),
             ).fetchall()
         return [CredentialInfo(**row) for row in rows]
 
-    def rotate(self, owner: UUID, credential_id: UUID, secret: str) -> None:
+    def rotate(self, owner: Acting, credential_id: UUID, secret: str) -> None:
         """A new secret under the same id; the credential becomes active again."""
         keyring = self._require_keyring()
         with self._as_owner(owner) as conn:
@@ -133,7 +135,7 @@ class CredentialStore:
             )
         log.info("credential %s rotated", credential_id)
 
-    def set_hosts(self, owner: UUID, credential_id: UUID, hosts: Iterable[str]) -> None:
+    def set_hosts(self, owner: Acting, credential_id: UUID, hosts: Iterable[str]) -> None:
         """Replace the hosts the credential may be sent to (empty: bind on first tool)."""
         normalized = _hosts(hosts)
         with self._as_owner(owner) as conn:
@@ -143,7 +145,7 @@ class CredentialStore:
                 (normalized, credential_id),
             )
 
-    def delete(self, owner: UUID, credential_id: UUID, force: bool = False) -> builtins.list[str]:
+    def delete(self, owner: Acting, credential_id: UUID, force: bool = False) -> builtins.list[str]:
         """Delete; refused while tools use it unless ``force``, which unbinds them.
 
         Returns the keys of the tools that were unbound.
@@ -208,8 +210,9 @@ class CredentialStore:
         return self._keyring
 
     @contextmanager
-    def _as_owner(self, owner: UUID) -> Iterator[psycopg.Connection[Row]]:
-        with _translated(), self._db.as_owner(owner) as conn:
+    def _as_owner(self, who: Acting) -> Iterator[psycopg.Connection[Row]]:
+        owner, member = acting_as(who)
+        with _translated(), self._db.as_owner(owner, member_id=member) as conn:
             yield conn
 
 

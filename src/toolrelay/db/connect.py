@@ -147,10 +147,14 @@ class Database:
 
     @contextmanager
     def as_owner(
-        self, owner: UUID | str, agent_id: UUID | str | None = None
+        self,
+        owner: UUID | str,
+        agent_id: UUID | str | None = None,
+        member_id: UUID | str | None = None,
     ) -> Iterator[psycopg.Connection[Row]]:
-        """A transaction run as role ``authenticated`` for ``owner`` (and, optionally, an agent)."""
-        with self._transaction(*owner_identity(owner, agent_id)) as (conn, _):
+        """A transaction run as role ``authenticated`` for ``owner`` (the tenant) and,
+        optionally, one of its agents or members."""
+        with self._transaction(*owner_identity(owner, agent_id, member_id)) as (conn, _):
             yield conn
 
     @contextmanager
@@ -164,14 +168,15 @@ class Database:
 
     @contextmanager
     def as_owner_reading(
-        self, owner: UUID | str, agent_id: UUID | str | None, first: Query
+        self,
+        owner: UUID | str,
+        agent_id: UUID | str | None,
+        first: Query,
+        member_id: UUID | str | None = None,
     ) -> Iterator[tuple[psycopg.Connection[Row], Row | None]]:
         """``as_owner`` whose first read (its first row) comes back in the same round trip
         as BEGIN and the identity: a pipeline, so still no server-side prepared statement."""
-        claims: dict[str, str] = {"sub": str(owner), "role": OWNER_ROLE}
-        if agent_id is not None:
-            claims["agent_id"] = str(agent_id)
-        with self._transaction(OWNER_ROLE, str(owner), json.dumps(claims), first) as pair:
+        with self._transaction(*owner_identity(owner, agent_id, member_id), first) as pair:
             yield pair
 
     @contextmanager
@@ -185,10 +190,16 @@ Identity = tuple[str, str, str]  # role, auth.uid(), the JWT claims (JSON)
 DISPATCHER: Identity = (DISPATCHER_ROLE, "", "")
 
 
-def owner_identity(owner: UUID | str, agent_id: UUID | str | None = None) -> Identity:
+def owner_identity(
+    owner: UUID | str, agent_id: UUID | str | None = None, member_id: UUID | str | None = None
+) -> Identity:
+    """The tenant ``owner``, as one of its agents or members when given (the database reads
+    a member's role from agents.members on every check: migration 0025)."""
     claims: dict[str, str] = {"sub": str(owner), "role": OWNER_ROLE}
     if agent_id is not None:
         claims["agent_id"] = str(agent_id)
+    if member_id is not None:
+        claims["member_id"] = str(member_id)
     return OWNER_ROLE, str(owner), json.dumps(claims)
 
 

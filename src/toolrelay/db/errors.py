@@ -64,6 +64,8 @@ _UNIQUE = {
     "agents_owner_name_key": "an agent named {} already exists",
     "credentials_owner_name_key": "a credential named {} already exists",
     "tool_assignments_agent_tool_key": "that tool is already assigned to that agent",
+    "members_email_key": "a member with email {} is already in this tenant",
+    "members_oidc_subject_key": "a member with that sign-in subject is already in this tenant",
 }
 _KEY_VALUE = re.compile(r"^Key \(.*\)=\((?:[^,]*, )?(?P<value>.*)\) already exists\.?$")
 

@@ -154,26 +154,38 @@ class Registry:
 
     With ``agent_id`` every transaction carries that agent identity in its claims (the SQL
     functions then refuse owner-only actions such as approving), and ``invoke`` finds only
-    tools assigned to that agent.
+    tools assigned to that agent. With ``member_id`` it acts as that member of the tenant,
+    whose role the database checks on every change (migration 0025).
     """
 
-    def __init__(self, db: Database, owner: UUID | str, agent_id: UUID | str | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        owner: UUID | str,
+        agent_id: UUID | str | None = None,
+        member_id: UUID | str | None = None,
+    ) -> None:
         self.db = db
         self.owner = UUID(str(owner))
         self.agent_id = UUID(str(agent_id)) if agent_id is not None else None
+        self.member_id = UUID(str(member_id)) if member_id is not None else None
+
+    @property
+    def identity(self) -> Identity:
+        return owner_identity(self.owner, self.agent_id, self.member_id)
 
     def _one_trip(self, queries: Sequence[Query]) -> list[list[Row]]:
         """One transaction in one round trip as this registry's identity (Database.trips)."""
         try:
             with self.db.trips() as trips:
-                return trips.run(owner_identity(self.owner, self.agent_id), queries)
+                return trips.run(self.identity, queries)
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
 
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[Row]]:
         try:
-            with self.db.as_owner(self.owner, agent_id=self.agent_id) as conn:
+            with self.db.as_owner(self.owner, self.agent_id, self.member_id) as conn:
                 yield conn
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
@@ -339,7 +351,7 @@ class Registry:
         """Validate the input against schema_input, then record the invocation."""
         payload = _payload(input)
         assigned = self.agent_id is not None
-        identity = owner_identity(self.owner, self.agent_id)
+        identity = self.identity
         key = ("invoke", self.db.url, self.owner, self.agent_id, agent, tool)
         agent_name = None if _as_uuid(agent) else agent
         try:
@@ -380,7 +392,7 @@ class Registry:
         if self.agent_id is None:
             raise InvalidArgument("Registry.call acts as an agent: give the agent_id")
         payload = _payload(input)
-        identity = owner_identity(self.owner, self.agent_id)
+        identity = self.identity
         cache_key = ("call", self.db.url, self.owner, self.agent_id, key)
         stamp = (_STAMP, {"agent": self.agent_id})
         try:

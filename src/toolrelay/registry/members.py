@@ -1,0 +1,128 @@
+"""A tenant's members and their roles (issue 16; migration 0025, docs/approvals.md).
+
+Roles are checked by the database on every change, whichever door it comes through; this
+module only calls the functions that do it (fn_add_member, fn_set_member_role,
+fn_remove_member) and reads ``agents.members`` as the caller.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+from uuid import UUID
+
+import psycopg
+
+from toolrelay.db import Database, translate_db_error
+from toolrelay.db.connect import Row
+from toolrelay.errors import InvalidArgument, NotFound
+from toolrelay.tokens import Acting, acting_as, hash_token, new_token
+
+__all__ = ["ROLES", "Member", "Members"]
+
+ROLES: Final = ("admin", "approver", "viewer")
+_COLUMNS: Final = "id, name, email, role, created_at, removed_at"
+
+
+@dataclass(frozen=True)
+class Member:
+    id: UUID
+    name: str
+    email: str | None
+    role: str
+    created_at: datetime
+    removed_at: datetime | None
+
+
+class Members:
+    """List, add, change and remove a tenant's members, as ``who`` (the tenant or a member)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def list(self, who: Acting, include_removed: bool = False) -> builtins.list[Member]:
+        removed = "" if include_removed else "WHERE removed_at IS NULL"
+        with self._as(who) as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM agents.members {removed} ORDER BY created_at, id"
+            ).fetchall()
+        return [Member(**row) for row in rows]
+
+    def get(self, who: Acting, member_id: UUID) -> Member:
+        with self._as(who) as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM agents.members WHERE id = %s", (member_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"member {member_id} not found")
+        return Member(**row)
+
+    def add(self, who: Acting, name: str, role: str, email: str | None = None) -> Member:
+        return self._add(who, name, role, email, token=None)
+
+    def invite(
+        self, who: Acting, name: str, role: str, email: str | None = None
+    ) -> tuple[Member, str]:
+        """A new member and a token for them (shown once, as every token), in one
+        transaction: no member without its token."""
+        token = new_token()
+        return self._add(who, name, role, email, token), token
+
+    def _add(
+        self, who: Acting, name: str, role: str, email: str | None, token: str | None
+    ) -> Member:
+        _check_role(role)
+        with self._as(who) as conn:
+            row = conn.execute(
+                "SELECT fn_add_member(%s, %s, %s) AS id", (name, role, email)
+            ).fetchone()
+            assert row is not None
+            if token is not None:
+                conn.execute(
+                    "SELECT fn_create_api_token(%s, NULL, %s, NULL, %s)",
+                    (hash_token(token), name, row["id"]),
+                )
+            added = conn.execute(
+                f"SELECT {_COLUMNS} FROM agents.members WHERE id = %s", (row["id"],)
+            ).fetchone()
+        assert added is not None
+        return Member(**added)
+
+    def set_role(self, who: Acting, member_id: UUID, role: str) -> Member:
+        _check_role(role)
+        with self._as(who) as conn:
+            conn.execute("SELECT fn_set_member_role(%s, %s)", (member_id, role))
+        return self.get(who, member_id)
+
+    def remove(self, who: Acting, member_id: UUID) -> bool:
+        """True when this call removed the member (and revoked its tokens), False when it
+        already was removed; NotFound otherwise."""
+        with self._as(who) as conn:
+            row = conn.execute("SELECT fn_remove_member(%s) AS done", (member_id,)).fetchone()
+        assert row is not None
+        return bool(row["done"])
+
+    def role_of(self, who: Acting) -> str | None:
+        """The caller's role now ('admin', 'approver', 'viewer'); None: not a member."""
+        with self._as(who) as conn:
+            row = conn.execute("SELECT agents.caller_member_role() AS role").fetchone()
+        assert row is not None
+        return row["role"] if row["role"] in ROLES else None
+
+    @contextmanager
+    def _as(self, who: Acting) -> Iterator[psycopg.Connection[Row]]:
+        owner, member = acting_as(who)
+        try:
+            with self._db.as_owner(owner, member_id=member) as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise InvalidArgument(f"role must be one of {', '.join(ROLES)}, got {role!r}")
