@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 from collections.abc import Callable
 from types import SimpleNamespace
 
+import aiohttp
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
@@ -18,8 +20,12 @@ from tests.notify.helpers import subscribe, tool_for
 from toolrelay.api import ApiSettings, create_app
 from toolrelay.cli import context
 from toolrelay.cli.main import app as cli_app
-from toolrelay.credentials import Keyring
+from toolrelay.credentials import Keyring, MasterKey
+from toolrelay.dispatch.egress import make_connector
+from toolrelay.dispatch.store import open_pool
 from toolrelay.dispatch.worker import Worker, WorkerSettings
+from toolrelay.notify import Deliverer
+from toolrelay.notify.subscriptions import rewrap_secrets
 from toolrelay.tokens import TokenStore
 
 ARRIVAL_TIMEOUT = 30.0  # seconds
@@ -112,8 +118,6 @@ def test_api_manages_webhooks_for_owners_only(
 async def test_rls_owner_sees_its_own_agent_sees_none_secrets_unreadable(
     make_owner: Callable[[], SimpleNamespace], receiver: Receiver, notify_url: str
 ) -> None:
-    from toolrelay.notify import Deliverer  # noqa: F401  (the package imports cleanly)
-
     alice, bob = make_owner(), make_owner()
     subscribe(alice, receiver)
     alice.registry.invoke("bot", tool_for(alice, receiver, gated=True), {})
@@ -186,3 +190,27 @@ async def test_the_worker_delivers_in_its_own_loop(
     metrics = worker.metrics.render()
     assert 'toolrelay_webhook_attempts_total{result="delivered"} 1' in metrics
     assert 'toolrelay_webhook_deliveries{state="pending"}' in metrics
+
+
+async def test_rewrap_moves_webhook_secrets_to_the_newest_master_key(
+    owner: SimpleNamespace, receiver: Receiver, keyring: Keyring, notify_url: str
+) -> None:
+    """Last in this module: every subscription here ends up under the new key."""
+    _, secret = subscribe(owner, receiver, events=("invocation.pending",))
+    new_key = MasterKey("notify-next", os.urandom(32))
+    both = Keyring([*(keyring.get(k) for k in keyring.ids), new_key])
+    assert rewrap_secrets(owner.registry.db, both) >= 1
+    assert rewrap_secrets(owner.registry.db, both) == 0
+    owner.registry.invoke("bot", tool_for(owner, receiver, gated=True), {})
+    pool = open_pool(notify_url, max_size=1)
+    await pool.open(wait=True)
+    try:
+        async with aiohttp.ClientSession(connector=make_connector(LOOPBACK_ONLY)) as session:
+            # Only the new key: the old one may be removed, the secret is the same.
+            only_new = Deliverer(pool, Keyring([new_key]), LOOPBACK_ONLY, session)
+            while await only_new.deliver_once():
+                pass
+    finally:
+        await pool.close()
+    [got] = receiver.at("/hook")  # verified with the secret printed at creation
+    assert got.json["type"] == "invocation.pending" and receiver.secrets["/hook"] == secret

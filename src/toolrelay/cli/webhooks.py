@@ -12,6 +12,7 @@ from toolrelay.cli.render import Output, detail, listing, output_option, shape
 from toolrelay.credentials import load_keyring
 from toolrelay.errors import ToolrelayError
 from toolrelay.notify import EVENTS, Webhooks
+from toolrelay.notify.subscriptions import rewrap_secrets
 
 webhook_app = typer.Typer(
     help="Webhooks: POST a signed event (or a Slack message) when a call changes state.",
@@ -174,3 +175,17 @@ def redeliver(
     except ToolrelayError as exc:
         raise fail(exc) from None
     detail(DELIVERY, row, output)
+
+
+@webhook_app.command()
+def rewrap() -> None:
+    """Re-wrap every webhook secret under the newest master key (all owners'; run it with
+    `toolrelay credential rewrap` when rotating keys); prints how many changed."""
+    try:
+        db = database()
+        count = rewrap_secrets(
+            db, load_keyring(db, embedded=config.database_url_from_env() is None)
+        )
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    typer.echo(str(count))

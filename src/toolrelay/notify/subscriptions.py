@@ -20,11 +20,11 @@ import psycopg
 from yarl import URL
 
 from toolrelay.credentials import Keyring
-from toolrelay.credentials.crypto import CredentialIdentity, Envelope, seal, unseal
+from toolrelay.credentials.crypto import CredentialIdentity, Envelope, rewrap, seal, unseal
 from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import Row
 from toolrelay.db.queries import load
-from toolrelay.errors import ConfigurationError, InvalidArgument, NotFound
+from toolrelay.errors import ConfigurationError, CredentialError, InvalidArgument, NotFound
 from toolrelay.notify.signing import new_secret
 
 EVENTS = (
@@ -223,3 +223,26 @@ class Webhooks:
     @staticmethod
     def _id(value: UUID | str) -> UUID:
         return as_uuid(value, "webhook")
+
+
+def rewrap_secrets(db: Database, keyring: Keyring) -> int:
+    """Re-wrap every webhook secret's data key not under the newest master key (as
+    ``toolrelay credential rewrap`` does for credentials); return how many. All or nothing."""
+    newest = keyring.newest.id
+    q = load("webhooks")
+    try:
+        with db.as_dispatcher() as conn:
+            rows = conn.execute(q["to_rewrap"], {"newest": newest}).fetchall()
+            for row in rows:
+                old = Envelope(row["secret_key_id"], bytes(row["secret_wrapped_key"]), b"", b"")
+                try:
+                    new = rewrap(keyring, secret_identity(row["id"], row["owner"]), old)
+                except CredentialError as exc:
+                    raise CredentialError(
+                        f"rewrap stopped at webhook {row['id']}, nothing changed: {exc.message}"
+                    ) from None
+                conn.execute(q["rewrapped"], {"id": row["id"], "key_id": new.key_id,
+                                              "wrapped_key": new.wrapped_key})  # fmt: skip
+    except psycopg.Error as exc:
+        raise translate_db_error(exc) from None
+    return len(rows)

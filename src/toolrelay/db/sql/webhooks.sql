@@ -103,3 +103,12 @@ SELECT (SELECT count(*) FROM agents.webhook_deliveries
 -- Delivered rows older than the retention; dead letters stay until redelivered or removed.
 DELETE FROM agents.webhook_deliveries
  WHERE delivered_at IS NOT NULL AND delivered_at < now() - make_interval(secs => %(seconds)s);
+
+-- name: to_rewrap
+-- Webhook secrets sealed under an older master key (toolrelay webhook rewrap), locked.
+SELECT id, owner, secret_key_id, secret_wrapped_key
+  FROM agents.webhook_subscriptions WHERE secret_key_id <> %(newest)s ORDER BY id FOR UPDATE;
+
+-- name: rewrapped
+UPDATE agents.webhook_subscriptions SET secret_key_id = %(key_id)s, secret_wrapped_key = %(wrapped_key)s
+ WHERE id = %(id)s;
