@@ -17,6 +17,7 @@ from tests.registry.helpers import add_tool, agent_with_tool
 from toolrelay.db import Database
 from toolrelay.errors import InvalidArgument, InvalidState, NotFound, PermissionDenied
 from toolrelay.registry import Registry
+from toolrelay.registry.audit import read_audit
 from toolrelay.registry.members import Members
 from toolrelay.tokens import Authenticator, Caller, TokenStore
 
@@ -230,3 +231,11 @@ def test_tokens_name_their_member(team: Team, db: Database) -> None:
     assert (info.kind, info.member_id) == ("member", team.ids["approver"])
     with pytest.raises(PermissionDenied, match="needs the admin"):
         TokenStore(db).create(team.caller("approver"), name="mine")
+
+
+def test_the_audit_api_shape_names_the_member(team: Team) -> None:
+    """registry/audit.py's reading gives actor_member, and members are a kind of their own."""
+    team.as_("admin").create_agent("read-back")
+    rows = read_audit(team.owner, kind="agent", limit=5)
+    assert rows[0]["actor_member"] == team.ids["admin"]
+    assert {r["kind"] for r in read_audit(team.owner, kind="member", limit=10)} == {"member"}

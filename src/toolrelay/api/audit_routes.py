@@ -17,13 +17,16 @@ from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1")
 
-AuditKind = Literal["agent", "assignment", "credential", "token", "tool"]  # AUDIT_KINDS
+AuditKind = Literal["agent", "assignment", "credential", "member", "token", "tool"]  # AUDIT_KINDS
 
 
 class AuditEntry(BaseModel):
     id: int = Field(description="Increasing with each row written (ties in `at` break by it).")
     at: datetime = Field(description="When the change was made (the statement's clock).")
     actor: UUID | None = Field(description="auth.uid() of who made it; null: no sub claim.")
+    actor_member: UUID | None = Field(
+        None, description="The member who made it (docs/approvals.md); null: the tenant itself."
+    )
     actor_role: str = Field(
         description="The database role it acted as: authenticated (an owner), service_role"
         " (the dispatcher, an operator), or a login role outside the convention (psql)."

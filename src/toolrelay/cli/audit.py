@@ -20,6 +20,7 @@ _AUDIT_FIELDS = """
     id integer
     at time
     actor uuid?
+    actor_member uuid?
     actor_role string
     session_role string
     xact_id integer

@@ -20,13 +20,13 @@ from toolrelay.registry.fields import check_limit
 from toolrelay.registry.service import Registry
 
 # The kinds the triggers of migration 0023 write; a table audited later adds its own here.
-AUDIT_KINDS = ("agent", "assignment", "credential", "token", "tool")
+AUDIT_KINDS = ("agent", "assignment", "credential", "member", "token", "tool")
 AUDIT_PAGE_MOST = 200  # rows per page at most
 DEFAULT_AUDIT_LIMIT = 50
 
 _AUDIT = """
-SELECT id, at, actor, actor_role, session_role, xact_id, kind, object_id, object_label, action,
-       changes
+SELECT id, at, actor, actor_member, actor_role, session_role, xact_id, kind, object_id,
+       object_label, action, changes
   FROM agents.config_audit
  WHERE owner = %(owner)s
    AND (%(since)s::timestamptz IS NULL OR at >= %(since)s)
