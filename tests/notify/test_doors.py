@@ -26,6 +26,7 @@ from toolrelay.dispatch.store import open_pool
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.notify import Deliverer
 from toolrelay.notify.subscriptions import rewrap_secrets
+from toolrelay.registry.members import Members
 from toolrelay.tokens import TokenStore
 
 ARRIVAL_TIMEOUT = 30.0  # seconds
@@ -81,6 +82,8 @@ def test_api_manages_webhooks_for_owners_only(
     auth = {who: {"Authorization": f"Bearer {tokens.create(o, a)[1]}"}
             for who, o, a in (("alice", alice.id, None), ("bob", bob.id, None),
                               ("agent", alice.id, agent))}  # fmt: skip
+    viewer = Members(alice.registry.db).add(alice.id, "Vic", "viewer")
+    auth["viewer"] = {"Authorization": f"Bearer {tokens.create(alice.id, member_id=viewer.id)[1]}"}
     app = create_app(ApiSettings(database_url=notify_url, keyring=keyring, run_worker=False))
     with TestClient(app) as client:
         made = client.post("/v1/webhooks", headers=auth["alice"],
@@ -94,6 +97,15 @@ def test_api_manages_webhooks_for_owners_only(
         assert client.get("/v1/webhooks", headers=auth["bob"]).json() == {"items": []}
         assert client.get(f"/v1/webhooks/{hook['id']}", headers=auth["bob"]).status_code == 404
         assert client.get("/v1/webhooks", headers=auth["agent"]).status_code == 403
+        # A member acts with its role: a viewer reads them, only an admin changes them.
+        assert client.get("/v1/webhooks", headers=auth["viewer"]).json()["items"][0]["id"] == (
+            hook["id"])  # fmt: skip
+        for method, path in (("post", f"/v1/webhooks/{hook['id']}/rotate-secret"),
+                             ("delete", f"/v1/webhooks/{hook['id']}")):  # fmt: skip
+            assert client.request(method, path, headers=auth["viewer"]).status_code == 403
+        refused = client.post("/v1/webhooks", headers=auth["viewer"],
+                              json={"url": "https://hooks.example.com/v"})  # fmt: skip
+        assert refused.status_code == 403 and "admin" in refused.text
         rotated = client.post(f"/v1/webhooks/{hook['id']}/rotate-secret", headers=auth["alice"])
         assert rotated.status_code == 200 and rotated.json()["secret"] != hook["secret"]
         patched = client.patch(f"/v1/webhooks/{hook['id']}", headers=auth["alice"],

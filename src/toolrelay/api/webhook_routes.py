@@ -36,7 +36,7 @@ def _all_events() -> list[Event]:
 
 
 def _webhooks(context: Ctx, caller: Owner) -> Webhooks:
-    return Webhooks(context.db, caller.owner, context.settings.keyring)
+    return Webhooks(context.db, caller, context.settings.keyring)  # a member acts as itself
 
 
 Hooks = Annotated[Webhooks, Depends(_webhooks)]

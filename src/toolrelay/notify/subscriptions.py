@@ -26,6 +26,7 @@ from toolrelay.db.connect import Row
 from toolrelay.db.queries import load
 from toolrelay.errors import ConfigurationError, CredentialError, InvalidArgument, NotFound
 from toolrelay.notify.signing import new_secret
+from toolrelay.tokens import Acting, Caller, acting_as
 
 EVENTS = (
     "invocation.pending",
@@ -111,18 +112,20 @@ def as_uuid(value: UUID | str, what: str) -> UUID:
 
 
 class Webhooks:
-    """An owner's webhooks; every operation is one transaction run as the owner."""
+    """A tenant's webhooks; every operation is one transaction run as the tenant, or as the
+    member acting (whose role the database checks: changing webhooks needs admin)."""
 
-    def __init__(self, db: Database, owner: UUID | str, keyring: Keyring | None = None) -> None:
+    def __init__(self, db: Database, who: Acting | str, keyring: Keyring | None = None) -> None:
         self._db = db
-        self.owner = as_uuid(owner, "owner")
+        owner, self.member = acting_as(who if isinstance(who, Caller) else as_uuid(who, "owner"))
+        self.owner = owner
         self._keyring = keyring
         self._q = load("webhooks")
 
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[Row]]:
         try:
-            with self._db.as_owner(self.owner) as conn:
+            with self._db.as_owner(self.owner, member_id=self.member) as conn:
                 yield conn
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
