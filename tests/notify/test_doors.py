@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from tests.notify.conftest import LOOPBACK_ONLY, Receiver
 from tests.notify.helpers import subscribe, tool_for
 from toolrelay.api import ApiSettings, create_app
+from toolrelay.api.approvals import COOKIE
 from toolrelay.cli import context
 from toolrelay.cli.main import app as cli_app
 from toolrelay.credentials import Keyring, MasterKey
@@ -25,6 +26,7 @@ from toolrelay.dispatch.egress import make_connector
 from toolrelay.dispatch.store import open_pool
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.notify import Deliverer
+from toolrelay.notify.payloads import link
 from toolrelay.notify.subscriptions import rewrap_secrets
 from toolrelay.registry.members import Members
 from toolrelay.tokens import TokenStore
@@ -226,3 +228,18 @@ async def test_rewrap_moves_webhook_secrets_to_the_newest_master_key(
         await pool.close()
     [got] = receiver.at("/hook")  # verified with the secret printed at creation
     assert got.json["type"] == "invocation.pending" and receiver.secrets["/hook"] == secret
+
+
+def test_the_link_opens_the_call_on_the_approvals_page(
+    owner: SimpleNamespace, receiver: Receiver, keyring: Keyring, notify_url: str
+) -> None:
+    inv = owner.registry.invoke("bot", tool_for(owner, receiver, gated=True), {})
+    url = link("https://relay.example.com", str(inv))
+    assert url == f"https://relay.example.com/approvals#invocation-{inv}"
+    token = TokenStore(owner.registry.db).create(owner.id)[1]
+    app = create_app(ApiSettings(database_url=notify_url, keyring=keyring, run_worker=False))
+    with TestClient(app) as client:
+        client.cookies.set(COOKIE, token)
+        page = client.get("/approvals")
+    assert page.status_code == 200
+    assert f'id="{url.partition("#")[2]}"' in page.text  # the fragment names the call's card
