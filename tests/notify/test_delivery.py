@@ -138,8 +138,10 @@ async def test_last_failed_attempt_is_a_dead_letter_and_redeliver_sends_it(
 async def test_private_addresses_are_refused_before_any_connection(
     owner: SimpleNamespace, receiver: Receiver, deliver: Driver
 ) -> None:
-    for url in ("http://10.0.0.1/hook", "http://169.254.169.254/latest/meta-data"):
-        owner.webhooks.add(url, ["invocation.pending"])
+    hooks = [
+        owner.webhooks.add(url, ["invocation.pending"])[0]["id"]
+        for url in ("http://10.0.0.1/hook", "http://169.254.169.254/latest/meta-data")
+    ]
     owner.registry.invoke("bot", tool_for(owner, receiver, gated=True), {})
     assert await deliver.once() == 2
     # The guard refused the IP literals before the client started a request at all.
@@ -151,6 +153,8 @@ async def test_private_addresses_are_refused_before_any_connection(
         assert row["last_status"] is None and row["delivered_at"] is None
     assert any("cloud metadata" in r["last_error"] for r in rows)
     assert any("(private)" in r["last_error"] for r in rows)
+    for hook in hooks:  # their retries would be due in 30 s: none for later tests to meet
+        owner.webhooks.remove(hook)
 
 
 async def test_slack_format_is_text_with_a_link(
