@@ -102,7 +102,8 @@ class Receiver:
         self.arrived.set()
         answers = self.statuses.get(request.path) or [200]
         status = answers.pop(0) if len(answers) > 1 else answers[0]
-        return web.json_response({"ok": status < 300}, status=status)
+        where = {"Location": "/elsewhere"} if 300 <= status < 400 else None
+        return web.json_response({"ok": status < 300}, status=status, headers=where)
 
     def at(self, path: str) -> list[Received]:
         return [r for r in self.received if r.path == path]

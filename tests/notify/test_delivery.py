@@ -253,3 +253,41 @@ async def test_tenant_without_subscriptions_gets_no_delivery_rows(
                              (quiet.id,)).fetchone()  # fmt: skip
     assert count == (0,)
     assert quiet.registry.get_invocation(approved)["status"] == "completed"
+
+
+async def test_every_door_enqueues_deleted_tool_and_regated_call(
+    owner: SimpleNamespace, receiver: Receiver, deliver: Driver, drain: Drain
+) -> None:
+    subscribe(owner, receiver, events=("invocation.pending", "invocation.failed"))
+    doomed = tool_for(owner, receiver, gated=True, key="crm.doomed")
+    waiting = owner.registry.invoke("bot", doomed, {})
+    regated = tool_for(owner, receiver, gated=False, key="crm.regated")
+    later = owner.registry.invoke("bot", regated, {})  # made ungated: no event yet
+    owner.registry.update_tool(regated, {"requires_approval": True})  # gated before the claim
+    with owner.registry.db.as_owner(owner.id) as conn:  # a plain DELETE, as psql would
+        conn.execute("DELETE FROM agents.tools_registry WHERE key = %s", (doomed,))
+    await drain()  # the claim sends the regated call back to approval
+    while await deliver.once():
+        pass
+    seen = [(r.json["type"], r.json["data"]["invocation_id"]) for r in receiver.at("/hook")]
+    assert seen == [
+        ("invocation.pending", str(waiting)),
+        ("invocation.failed", str(waiting)),
+        ("invocation.pending", str(later)),
+    ]
+    failed = receiver.at("/hook")[1].json["data"]
+    assert (failed["tool_key"], failed["tool_id"], failed["error_code"]) == (
+        doomed, None, "tool_inactive")  # fmt: skip
+
+
+async def test_a_redirect_is_not_followed(
+    owner: SimpleNamespace, receiver: Receiver, deliver: Driver
+) -> None:
+    receiver.statuses["/moved"] = [307]
+    subscribe(owner, receiver, "/moved", events=("invocation.pending",))
+    owner.registry.invoke("bot", tool_for(owner, receiver, gated=True), {})
+    assert await deliver.once() == 1
+    [row] = owner.webhooks.deliveries()
+    assert (row["last_status"], row["delivered_at"]) == (307, None)
+    assert "redirects are not followed" in row["last_error"]
+    assert len(receiver.received) == 1 and receiver.at("/elsewhere") == []  # not followed
