@@ -291,3 +291,22 @@ async def test_a_redirect_is_not_followed(
     assert (row["last_status"], row["delivered_at"]) == (307, None)
     assert "redirects are not followed" in row["last_error"]
     assert len(receiver.received) == 1 and receiver.at("/elsewhere") == []  # not followed
+
+
+async def test_a_broken_row_fails_alone_and_the_batch_goes_on(
+    owner: SimpleNamespace, receiver: Receiver, deliver: Driver
+) -> None:
+    sub, _ = subscribe(owner, receiver, events=("invocation.pending",))
+    owner.registry.invoke("bot", tool_for(owner, receiver, gated=True), {})
+    with psycopg.connect(owner.registry.db.url, autocommit=True) as conn:  # not the trigger's
+        conn.execute(
+            "INSERT INTO agents.webhook_deliveries (owner, subscription_id, invocation_id,"
+            " event, payload) VALUES (%s, %s, gen_random_uuid(), 'invocation.pending', '{}')",
+            (owner.id, sub["id"]),
+        )
+    assert await deliver.once() == 2
+    by_error = {r["last_error"]: r for r in owner.webhooks.deliveries()}
+    assert by_error.keys() == {None, "internal error: KeyError"}
+    assert by_error[None]["delivered_at"] is not None
+    assert len(receiver.at("/hook")) == 1
+    owner.webhooks.remove(sub["id"])  # the broken row's retry is no later test's business

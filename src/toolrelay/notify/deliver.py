@@ -188,11 +188,20 @@ class Deliverer:
                 self.metrics.pending = self.metrics.dead = None
                 await _wait(stopping, ERROR_DELAY)
                 continue
+            except Exception:  # a bug: say so, and keep delivering
+                log.exception("webhook delivery pass failed", extra={"action": "webhook_error"})
+                await _wait(stopping, ERROR_DELAY)
+                continue
             if claimed < self.batch:
                 await _wait(stopping, POLL_INTERVAL)
 
     async def _attempt(self, row: Row) -> Result:
-        result = await self._send(row)
+        try:
+            result = await self._send(row)
+        except Exception as exc:  # a bug: this row fails, the batch goes on
+            log.exception("webhook delivery attempt failed", extra={"action": "webhook_error"})
+            result = Result(str(row["id"]), row["attempts"], ok=False,
+                            error=f"internal error: {type(exc).__name__}")  # fmt: skip
         if result.ok:
             self.metrics.delivered += 1
         else:
