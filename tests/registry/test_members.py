@@ -108,7 +108,7 @@ def test_a_decision_names_the_member_who_made_it(team: Team) -> None:
     approved, rejected, by_tenant = _pending(team), _pending(team), _pending(team)
     team.as_("approver").approve(approved)
     team.as_("admin").reject(rejected, "not today")
-    team.owner.approve(by_tenant)
+    team.owner.reject(by_tenant)
     rows = {i: team.owner.get_invocation(i) for i in (approved, rejected, by_tenant)}
     assert rows[approved]["decided_by"] == team.ids["approver"]
     assert rows[rejected]["decided_by"] == team.ids["admin"]

@@ -67,6 +67,9 @@ class _ToolSettings(_In):
     max_concurrency: int | None = Field(None, ge=1, le=100_000)
     idempotency_header: Name | None = None
     approval_ttl_seconds: int | None = Field(None, ge=1, le=2**31 - 1)
+    approvals_required: int | None = Field(
+        None, ge=1, le=10, description="Distinct approvers a call needs (docs/approvals.md)."
+    )
     status: ToolStatus | None = None
 
 
@@ -128,6 +131,7 @@ class ToolOut(BaseModel):
     max_concurrency: int | None
     idempotency_header: str | None
     approval_ttl_seconds: int
+    approvals_required: int | None = None
     created_at: datetime
     updated_at: datetime
 
@@ -316,8 +320,19 @@ class InvocationOut(BaseModel):
     retry_of: UUID | None = Field(default=None, description="The invocation this one retries.")
 
 
+class ApprovalOut(BaseModel):
+    member_id: UUID = Field(description="The approver (the tenant's uuid: the tenant itself).")
+    approved_at: datetime
+
+
 class InvocationDetail(InvocationOut):
     attempts: list[AttemptOut]
+    approvals: list[ApprovalOut] = Field(
+        default_factory=list, description="Who approved it so far (docs/approvals.md)."
+    )
+    approvals_needed: int | None = Field(
+        None, description="While pending: the distinct approvers it needs in all."
+    )
     retried_by: UUID | None = Field(
         default=None, description="The invocation that retries this one (at most one)."
     )

@@ -135,6 +135,7 @@ TOOL = shape(
     max_concurrency integer?
     idempotency_header string?
     approval_ttl_seconds integer
+    approvals_required integer?
     created_at time
     updated_at time
     """,

@@ -46,6 +46,7 @@ _CHECKS = {
     "tools_registry_max_response_bytes_check": "max_response_bytes must be from 1 to 1073741824",
     "tools_registry_max_concurrency_check": "max_concurrency must be at least 1",
     "tools_registry_approval_ttl_check": "approval_ttl_seconds must be at least 1",
+    "tools_registry_approvals_required_check": "approvals_required must be from 1 to 10",
     "tools_registry_response_pointer_check": "response_pointer must start with '/'",
     "tools_registry_auth_param_prefix_check": "auth_param_prefix must not contain line breaks",
     "tools_registry_request_template_shape_check":

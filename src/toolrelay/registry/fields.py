@@ -100,6 +100,7 @@ RULES: dict[str, Check] = {
     "max_attempts": number(1, 20, integer=True),
     "max_concurrency": number(1, 1_000_000, integer=True),
     "approval_ttl_seconds": number(1, 10 * 365 * 86400, integer=True),
+    "approvals_required": number(1, 10, integer=True),
 }  # fmt: skip
 
 

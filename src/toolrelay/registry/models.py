@@ -43,6 +43,7 @@ class ToolSpec:
     max_concurrency: int | None = None
     idempotency_header: str | None = None
     approval_ttl_seconds: int | None = None
+    approvals_required: int | None = None
     status: str | None = None
 
     @classmethod
@@ -77,6 +78,7 @@ EXTRA_COLUMNS = (
     "max_concurrency",
     "idempotency_header",
     "approval_ttl_seconds",
+    "approvals_required",
     "status",
 )
 

@@ -120,6 +120,18 @@ _ONE_INVOCATION = (
     "      OR (%(agent_id)s::uuid IS NULL AND a.name = %(agent)s))"
 )
 
+# For owners, the approvals a call has and needs (migration 0026): not on an agent's reads,
+# which the wait paths make on every wake.
+_OWNER_INVOCATION = _ONE_INVOCATION.replace(
+    "SELECT i.*,",
+    "SELECT i.*, (SELECT coalesce(jsonb_agg(jsonb_build_object('member_id', p.member_id,"
+    " 'approved_at', p.approved_at) ORDER BY p.approved_at, p.member_id), '[]')"
+    " FROM agents.invocation_approvals p WHERE p.invocation_id = i.id) AS approvals,"
+    " CASE WHEN i.status = 'pending' AND t.id IS NOT NULL"
+    " THEN agents.approvals_needed(t) END AS approvals_needed,",
+    1,
+)
+
 # An agent's tool by key, the stamp of its tools (0019) and the tool's version (0020).
 _CALL_LOOKUP = "SELECT * FROM agents.agent_call_lookup(%(agent)s, %(key)s)"
 _STAMP = "SELECT agents.agent_tools_stamp(%(agent)s) AS stamp"
@@ -544,10 +556,11 @@ class Registry:
             raise InvalidArgument(f"not an invocation id: {invocation_id!r}")
         agent_id = _as_uuid(agent or "")
         params = {"id": ident, "agent": agent, "agent_id": agent_id}
-        queries: list[Query] = [(_ONE_INVOCATION, params)]
+        owner = self.agent_id is None
+        queries: list[Query] = [(_OWNER_INVOCATION if owner else _ONE_INVOCATION, params)]
         # Attempts are the owner's rows (RLS, migration 0015): an agent's read of them would
         # come back empty, so it is not made (the wait paths read here per wake).
-        if self.agent_id is None:
+        if owner:
             queries.append((_ATTEMPTS, params))
         found, *attempts = self._one_trip(queries)
         if not found:
