@@ -143,8 +143,10 @@ _INSERT_SEEN = (
     " %(version)s) AS id"
 )
 
+# In FROM, not `SELECT (fn_register_tool(...)).*`: that form calls the function once per
+# column of its row (PostgreSQL expands it so): 31 upserts, and 31 audit rows computed, a tool.
 REGISTER_SQL = """
-SELECT (fn_register_tool(
+SELECT * FROM fn_register_tool(
     p_key => %(key)s, p_name => %(name)s, p_description => %(description)s,
     p_category => %(category)s, p_schema_input => %(schema_input)s,
     p_schema_output => %(schema_output)s, p_auth_method => %(auth_method)s,
@@ -153,7 +155,7 @@ SELECT (fn_register_tool(
     p_request_template => %(request_template)s, p_auth_placement => %(auth_placement)s,
     p_auth_param_name => %(auth_param_name)s, p_credential_ref => %(credential_ref)s,
     p_egress_class => %(egress_class)s, p_auth_param_prefix => %(auth_param_prefix)s,
-    p_response_pointer => %(response_pointer)s)).*
+    p_response_pointer => %(response_pointer)s)
 """
 
 
