@@ -8,9 +8,11 @@ sampled with a fixed seed, a sample input valid for the tool's schema_input is r
 the dispatcher's own request builder (``build_request``, the body encoding of ``SendSpec``,
 the executor's credential placement) and checked against the operation (tests/corpus/check.py:
 method, URL with path parameters percent-encoded, query, headers, body against the
-operation's schema, Content-Type, auth placement). Over the corpus, ≥ 95 % of operations
-import or are skipped with a stated reason. The figures go to stdout as a table and to
-artifacts/openapi-corpus.json.
+operation's schema, Content-Type, auth placement); and its tools exported with
+``export openai --strict`` are checked by tests/corpus/strict.py (the SDK's types, the
+strict rules for every strict tool, 20 sampled strict calls round-tripped). Over the
+corpus, ≥ 95 % of operations import or are skipped with a stated reason. The figures go
+to stdout as a table and to artifacts/openapi-corpus.json.
 
 The CI subset by default; ``TOOLRELAY_CORPUS=all`` for the whole corpus (73 documents).
 The corpus is installed by ``python -m tests.corpus.install`` (./scripts/test and .ci/run
@@ -44,6 +46,7 @@ from tests.corpus.check import (
     operations,
 )
 from tests.corpus.sample import NoSample, Sampler
+from tests.corpus.strict import strict_figures
 from tests.pgtest import create_database, drop_database
 from toolrelay.db import Database, migrate
 from toolrelay.dispatch.egress import EgressPolicy
@@ -240,9 +243,12 @@ def test_document(doc: Document, root: Path, corpus_db: Database) -> None:
     tools = registry.list_tools()
     assert len(tools) == len(plan.tools)
     checked, unsampled, problems = check_sampled(doc, parsed, tools)
+    strict, strict_problems = strict_figures(plan.tools)  # export openai --strict
+    problems += strict_problems
     figures |= {
         "checked": checked,
         "unsampled": unsampled,
+        "strict": strict,
         "problems": problems,
         "seconds": round(time.perf_counter() - started, 2),
     }
@@ -261,8 +267,13 @@ def test_figures(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     stated = sum(r["skipped"] - r["unstated"] for r in rows)
     share = (imported + stated) / total
     by_reason: Counter[str] = Counter()
+    strict: Counter[str] = Counter()
+    not_strict: Counter[str] = Counter()
     for row in rows:
         by_reason.update(row["skipped_by_reason"])
+        figures = row.get("strict") or {}
+        strict.update({k: v for k, v in figures.items() if isinstance(v, int)})
+        not_strict.update(figures.get("not_strict_by_reason", {}))
     summary = {
         "corpus": os.environ.get("TOOLRELAY_CORPUS") or "ci",
         "documents": len(rows),
@@ -273,6 +284,7 @@ def test_figures(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "refused": [r["document"] for r in rows if r["refused"]],
         "imported_or_stated": round(share, 4),
         "checked": sum(r.get("checked", 0) for r in rows),
+        "strict": dict(strict) | {"not_strict_by_reason": dict(not_strict.most_common())},
         "problems": sum(len(r.get("problems", [])) for r in rows),
         "rows": rows,
     }
@@ -301,4 +313,14 @@ def table(summary: Mapping[str, Any]) -> str:
         f"  imported or skipped with a reason: {summary['imported_or_stated']:.1%}"
     )
     lines += [f"  skipped: {n:5} {why}" for why, n in summary["skipped_by_reason"].items()]
+    strict = summary["strict"]
+    if strict.get("tools"):
+        lines.append(
+            f"export openai --strict: {strict['tools']} tools, {strict['violating']} break the"
+            f" strict rules as they are; {strict['strict']} exported strict, {strict['not_strict']}"
+            f" strict false; {strict['round_trips']} sampled strict calls round-tripped"
+        )
+        lines += [
+            f"  strict false: {n:5} {why}" for why, n in strict["not_strict_by_reason"].items()
+        ]
     return "\n".join(lines)
