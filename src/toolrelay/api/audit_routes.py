@@ -17,7 +17,9 @@ from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1")
 
-AuditKind = Literal["agent", "assignment", "credential", "member", "token", "tool"]  # AUDIT_KINDS
+AuditKind = Literal[  # AUDIT_KINDS
+    "agent", "assignment", "credential", "member", "token", "tool", "webhook"
+]
 
 
 class AuditEntry(BaseModel):
