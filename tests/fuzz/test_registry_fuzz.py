@@ -48,6 +48,7 @@ settings_values = {
     "max_concurrency": maybe(st.integers(-3, 100)),
     "idempotency_header": maybe(st.one_of(st.just("Idempotency-Key"), texts)),
     "approval_ttl_seconds": maybe(st.integers(-(2**40), 2**40)),
+    "approvals_required": maybe(st.integers(-3, 40_000)),
     "status": maybe(st.one_of(st.sampled_from(["active", "disabled", "deprecated"]), texts)),
 }
 specs = st.fixed_dictionaries(
@@ -113,6 +114,7 @@ typed_values: dict[str, st.SearchStrategy[Any]] = {
     "max_attempts": st.integers(-(2**40), 2**40),
     "max_concurrency": maybe(st.integers(-5, 2**40)),
     "approval_ttl_seconds": st.integers(-(2**70), 2**70),
+    "approvals_required": maybe(st.integers(-(2**40), 2**40)),
     "credential_ref": maybe(st.uuids()),
 }
 assert set(typed_values) == set(UPDATABLE_COLUMNS)
