@@ -223,13 +223,14 @@ def _owner_only_calls(office: Office) -> dict[str, tuple[str, tuple[Any, ...]]]:
 def test_agent_identity_cannot_call_what_is_a_human_owners(office: Office, db: Database) -> None:
     owner = office.registry.owner
     with db.as_owner(owner) as conn:
-        functions = {
-            row["proname"]: row["prosrc"]
-            for row in conn.execute(
-                "SELECT proname, prosrc FROM pg_proc WHERE pronamespace = 'public'::regnamespace"
-                " AND proname LIKE 'fn\\_%'"
-            ).fetchall()
-        }
+        rows = conn.execute(
+            "SELECT proname, prosrc, has_function_privilege('authenticated', oid, 'EXECUTE')"
+            " AS callable FROM pg_proc WHERE pronamespace = 'public'::regnamespace"
+            " AND proname LIKE 'fn\\_%'"
+        ).fetchall()
+    # The dispatcher role's alone (a policy's decision, migration 0028): no identity calls them.
+    assert {r["proname"] for r in rows if not r["callable"]} == {"fn_policy_decide"}
+    functions = {row["proname"]: row["prosrc"] for row in rows if row["callable"]}
     # Every owner-only function, including those later migrations add, checks the caller:
     # a human owner (an admin, migration 0025) or a member with the role it needs.
     owner_only = sorted(set(functions) - AGENT_CALLABLE)

@@ -18,6 +18,7 @@ from toolrelay.api.audit_routes import router as audit_router
 from toolrelay.api.context import ApiContext, ApiSettings
 from toolrelay.api.limits import BodySizeLimit
 from toolrelay.api.member_routes import router as member_router
+from toolrelay.api.policy_routes import router as policy_router
 from toolrelay.api.webhook_routes import router as webhook_router
 from toolrelay.dispatch.worker import Worker
 from toolrelay.mcp.http import mount_mcp
@@ -94,6 +95,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(webhook_router)  # /v1/webhooks (docs/notifications.md)
     app.include_router(audit_router)  # /v1/audit (docs/audit.md)
     app.include_router(member_router)  # /v1/members (docs/approvals.md)
+    app.include_router(policy_router)  # /v1/policies (docs/approvals.md)
     mount_mcp(app)  # MCP over streamable HTTP at /mcp (docs/mcp.md); its middleware first
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(operations.AccessLog)  # outermost: one JSON line per request

@@ -18,7 +18,7 @@ from toolrelay.tokens import Caller
 router = APIRouter(prefix="/v1")
 
 AuditKind = Literal[  # AUDIT_KINDS
-    "agent", "assignment", "credential", "member", "token", "tool", "webhook"
+    "agent", "assignment", "credential", "member", "policy", "token", "tool", "webhook"
 ]
 
 

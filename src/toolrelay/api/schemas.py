@@ -327,14 +327,20 @@ class ApprovalOut(BaseModel):
 
 class InvocationDetail(InvocationOut):
     attempts: list[AttemptOut]
+    retried_by: UUID | None = Field(
+        default=None, description="The invocation that retries this one (at most one)."
+    )
+    decided_by: UUID | None = Field(
+        None, description="The member who decided it (the tenant's uuid: the tenant itself)."
+    )
+    decided_by_policy: UUID | None = Field(
+        None, description="The policy that decided it instead of a person (docs/approvals.md)."
+    )
     approvals: list[ApprovalOut] = Field(
         default_factory=list, description="Who approved it so far (docs/approvals.md)."
     )
     approvals_needed: int | None = Field(
         None, description="While pending: the distinct approvers it needs in all."
-    )
-    retried_by: UUID | None = Field(
-        default=None, description="The invocation that retries this one (at most one)."
     )
 
 

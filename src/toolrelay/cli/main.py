@@ -22,6 +22,7 @@ from toolrelay.cli.interop import export_app, import_app
 from toolrelay.cli.mcp import mcp
 from toolrelay.cli.members import member_app
 from toolrelay.cli.owners import owner_app
+from toolrelay.cli.policies import policy_app
 from toolrelay.cli.prune import prune
 from toolrelay.cli.serve import serve
 from toolrelay.cli.tokens import token_app
@@ -94,6 +95,7 @@ for name, group in (
     ("import", import_app),
     ("owner", owner_app),
     ("member", member_app),
+    ("policy", policy_app),
     ("db", db_app),
     ("webhook", webhook_app),
 ):

@@ -194,6 +194,19 @@ MEMBER = shape(
     """,
 )
 
+POLICY = shape(
+    "policy",
+    """
+    id uuid
+    tool_id uuid
+    tool_key string
+    name string
+    action string
+    input_schema object
+    created_at time
+    """,
+)
+
 _INVOCATION_FIELDS = """
     id uuid
     tool_id uuid?
@@ -241,7 +254,10 @@ ATTEMPT = shape(
 )
 
 INVOCATION_DETAIL = shape(
-    "invocation_detail", _INVOCATION_FIELDS + "attempts attempt[]\nretried_by uuid?", ATTEMPT
+    "invocation_detail",
+    _INVOCATION_FIELDS + "attempts attempt[]\nretried_by uuid?\ndecided_by uuid?\n"
+    "decided_by_policy uuid?\napprovals any\napprovals_needed integer?",
+    ATTEMPT,
 )
 
 OWNER = shape(
@@ -269,8 +285,8 @@ DB_STATUS = shape(
     """,
 )
 
-SHAPES = (TOOL, AGENT, CREDENTIAL, TOKEN, MEMBER, INVOCATION, INVOCATION_DETAIL, ATTEMPT, OWNER,
-          DB_STATUS)  # fmt: skip
+SHAPES = (TOOL, AGENT, CREDENTIAL, TOKEN, MEMBER, POLICY, INVOCATION, INVOCATION_DETAIL, ATTEMPT,
+          OWNER, DB_STATUS)  # fmt: skip
 
 
 # --- values --------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from toolrelay.errors import (
 from toolrelay.export.strict import from_strict_call
 from toolrelay.registry.fields import check_fields, check_limit, check_status
 from toolrelay.registry.models import EXTRA_COLUMNS, UPDATABLE_COLUMNS, ToolSpec
+from toolrelay.registry.policies import apply_policies
 from toolrelay.registry.seen import SEEN, Seen
 from toolrelay.registry.validation import check_tool, validate_input
 
@@ -138,9 +139,13 @@ _STAMP = "SELECT agents.agent_tools_stamp(%(agent)s) AS stamp"
 # What fn_invoke_tool refuses when what was read is stale: not found, inactive, unassigned,
 # no endpoint. The lookup then says why in its own words (an agent cannot tell which).
 _STALE_REFUSALS = frozenset({"P0002", "TR001", "TR002", "TR005"})
+# Both answer whether the call waits for approval too (the tool's gating, as fn_invoke_tool
+# decides it: the new row itself is not visible to the statement that made it): a pending
+# call may be decided by a policy (0028).
+_GATED = ", agents.tool_gated(%(tool)s) AS gated"
 _INSERT_SEEN = (
     "SELECT agents.invoke_seen(%(agent)s, %(name)s, %(tool)s, %(input)s, %(run)s,"
-    " %(version)s) AS id"
+    " %(version)s) AS id" + _GATED
 )
 
 # In FROM, not `SELECT (fn_register_tool(...)).*`: that form calls the function once per
@@ -377,7 +382,7 @@ class Registry:
                         trips, identity, seen, agent_name, payload, run_id, assigned
                     )
                     if made is not None:
-                        return UUID(str(made[0][0]["id"]))
+                        return self._made(made[0][0])
                     SEEN.drop(key)
                 # Else two: the lookup, then the insert.
                 [[found]] = trips.run(identity, [_invoke_lookup(agent, tool, assigned)])
@@ -395,7 +400,14 @@ class Registry:
                 )
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
-        return UUID(str(row["id"]))
+        return self._made(row)
+
+    def _made(self, row: Row) -> UUID:
+        """The new call's id, once a policy had its say on a call made pending (0028)."""
+        invocation_id = UUID(str(row["id"]))
+        if row.get("gated"):
+            apply_policies(self.db, invocation_id)
+        return invocation_id
 
     def call(self, key: str, input: Mapping[str, Any] | None = None) -> Called:
         """An agent's call by tool key, as this registry's agent: the tool as the agent may
@@ -416,7 +428,7 @@ class Registry:
                     made = _insert_seen(trips, identity, seen, None, payload, None, True, [stamp])
                     if made is not None:
                         inserted, stamped = made[0][0], made[1][0]
-                        return Called(seen.row, UUID(str(inserted["id"])), stamped["stamp"])
+                        return Called(seen.row, self._made(inserted), stamped["stamp"])
                     SEEN.drop(cache_key)
                 lookup = (_CALL_LOOKUP, {"agent": self.agent_id, "key": key})
                 [[target]] = trips.run(identity, [lookup])
@@ -433,7 +445,7 @@ class Registry:
                 )
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
-        return Called(target, UUID(str(row["id"])), target["stamp"])
+        return Called(target, self._made(row), target["stamp"])
 
     def tools_stamp(self) -> str:
         """The stamp of the tools this registry's agent may call now (see ``call``)."""
@@ -650,7 +662,7 @@ def _insert_seen(
 
 
 def _insert_call(agent_id: Any, tool_id: Any, payload: Any, run_id: UUID | None) -> Query:
-    sql = "SELECT fn_invoke_tool(%(agent)s, %(tool)s, %(input)s, %(run)s) AS id"
+    sql = "SELECT fn_invoke_tool(%(agent)s, %(tool)s, %(input)s, %(run)s) AS id" + _GATED
     return sql, {"agent": agent_id, "tool": tool_id, "input": Jsonb(payload), "run": run_id}
 
 

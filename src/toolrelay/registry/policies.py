@@ -1,0 +1,152 @@
+"""Policies for the obvious cases (issue 16, item 5; migration 0028, docs/approvals.md): rules
+an admin attaches to a tool, approving or rejecting a call that waits for approval when its
+input matches a JSON Schema.
+
+``apply_policies`` is toolrelay's own step after a call is made pending: as the dispatcher
+role (the only one ``fn_policy_decide`` is granted to) it reads the tool's rules, checks the
+input with jsonschema, rejection rules first, and lets the first that matches decide; an
+approval binds to the digest of the request the call renders now, as a person's does.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+from uuid import UUID
+
+import psycopg
+
+from toolrelay.db import Database, translate_db_error
+from toolrelay.db.connect import Row
+from toolrelay.errors import InvalidArgument, InvalidInput, NotFound
+from toolrelay.registry.validation import check_json_schema, validate_input
+from toolrelay.tokens import Acting, acting_as
+
+__all__ = ["ACTIONS", "Policies", "Policy", "apply_policies"]
+
+ACTIONS: Final = ("approve", "reject")
+_COLUMNS: Final = (
+    "p.id, p.tool_id, t.key AS tool_key, p.name, p.action, p.input_schema, p.created_at"
+)
+_PENDING: Final = """
+SELECT i.id, i.input, i.status, t.key AS tool_key, t.endpoint_url, t.http_method,
+       t.request_template, t.auth_placement, t.auth_param_name, t.idempotency_header,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('id', p.id, 'action', p.action,
+                                                     'schema', p.input_schema)
+                                  ORDER BY p.action DESC, p.created_at, p.id)
+                   FROM agents.tool_policies p WHERE p.tool_id = i.tool_id
+                    AND p.owner = i.owner), '[]') AS policies
+  FROM agents.tool_invocations i
+  JOIN agents.tools_registry t ON t.id = i.tool_id
+ WHERE i.id = %s AND i.status = 'pending'
+"""  # reject sorts before approve: a rejection rule wins
+
+
+@dataclass(frozen=True)
+class Policy:
+    id: UUID
+    tool_id: UUID
+    tool_key: str
+    name: str
+    action: str
+    input_schema: dict[str, Any]
+    created_at: datetime
+
+
+class Policies:
+    """Add, list and remove a tool's rules, as ``who`` (an admin changes them)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def add(
+        self, who: Acting, tool: str, name: str, action: str, input_schema: Mapping[str, Any]
+    ) -> Policy:
+        if action not in ACTIONS:
+            raise InvalidArgument(f"action must be approve or reject, got {action!r}")
+        if not isinstance(input_schema, Mapping):
+            raise InvalidArgument("the rule's schema must be a JSON Schema object")
+        check_json_schema(f"policy {name!r}: its schema", input_schema)
+        with self._as(who) as conn:
+            found = conn.execute(
+                "SELECT id FROM agents.tools_registry WHERE key = %s OR id::text = %s",
+                (tool, tool),
+            ).fetchone()
+            if found is None:
+                raise NotFound(f"tool {tool} not found")
+            row = conn.execute(
+                "INSERT INTO agents.tool_policies (tool_id, name, action, input_schema)"
+                " VALUES (%s, %s, %s, %s) RETURNING id",
+                (found["id"], name.strip(), action, json.dumps(input_schema)),
+            ).fetchone()
+            assert row is not None
+            return self._one(conn, row["id"])
+
+    def list(self, who: Acting, tool: str | None = None) -> builtins.list[Policy]:
+        with self._as(who) as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM agents.tool_policies p"
+                " JOIN agents.tools_registry t ON t.id = p.tool_id"
+                " WHERE %(tool)s::text IS NULL OR t.key = %(tool)s OR t.id::text = %(tool)s"
+                " ORDER BY t.key, p.created_at, p.id",
+                {"tool": tool},
+            ).fetchall()
+        return [Policy(**row) for row in rows]
+
+    def remove(self, who: Acting, policy_id: UUID) -> None:
+        with self._as(who) as conn:
+            gone = conn.execute(
+                "DELETE FROM agents.tool_policies WHERE id = %s RETURNING id", (policy_id,)
+            ).fetchone()
+        if gone is None:
+            raise NotFound(f"policy {policy_id} not found")
+
+    def _one(self, conn: psycopg.Connection[Row], policy_id: UUID) -> Policy:
+        row = conn.execute(
+            f"SELECT {_COLUMNS} FROM agents.tool_policies p"
+            " JOIN agents.tools_registry t ON t.id = p.tool_id WHERE p.id = %s",
+            (policy_id,),
+        ).fetchone()
+        assert row is not None
+        return Policy(**row)
+
+    @contextmanager
+    def _as(self, who: Acting) -> Iterator[psycopg.Connection[Row]]:
+        owner, member = acting_as(who)
+        try:
+            with self._db.as_owner(owner, member_id=member) as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
+
+def apply_policies(db: Database, invocation_id: UUID) -> str | None:
+    """Let the first rule of the call's tool that its input matches decide a pending call;
+    the status it then has, or None when no rule matched (or it is not pending)."""
+    from toolrelay.registry.service import _digest_of  # the digest a person approves
+
+    try:
+        with db.as_dispatcher() as conn:
+            row = conn.execute(_PENDING, (invocation_id,)).fetchone()
+            if row is None or not row["policies"]:
+                return None
+            for policy in row["policies"]:
+                try:
+                    validate_input(policy["schema"], row["input"])
+                except InvalidInput:
+                    continue
+                digest = _digest_of(row) if policy["action"] == "approve" else None
+                decided = conn.execute(
+                    "SELECT fn_policy_decide(%s, %s, %s) AS status",
+                    (invocation_id, policy["id"], digest),
+                ).fetchone()
+                assert decided is not None
+                return str(decided["status"])
+    except psycopg.Error as exc:
+        raise translate_db_error(exc) from None
+    return None
