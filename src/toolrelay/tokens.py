@@ -13,7 +13,7 @@ import builtins
 import hashlib
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,11 +29,14 @@ from toolrelay.errors import ConfigurationError, NotFound, ToolrelayError
 __all__ = [
     "JWT_SECRET_ENV",
     "TOKEN_PREFIX",
+    "Acting",
     "Authenticator",
     "Caller",
     "TokenInfo",
     "TokenStore",
     "Unauthenticated",
+    "acting_as",
+    "as_acting",
     "hash_token",
     "new_token",
 ]
@@ -114,6 +117,17 @@ def acting_as(who: Acting) -> tuple[UUID, UUID | None]:
     return who, None
 
 
+@contextmanager
+def as_acting(db: Database, who: Acting) -> Iterator[psycopg.Connection[Row]]:
+    """A transaction as ``who`` (the tenant, or a member of it), database errors translated."""
+    owner, member = acting_as(who)
+    try:
+        with db.as_owner(owner, member_id=member) as conn:
+            yield conn
+    except psycopg.Error as exc:
+        raise translate_db_error(exc) from None
+
+
 def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
 
@@ -184,14 +198,8 @@ class TokenStore:
             member_id=row["member_id"],
         )
 
-    @contextmanager
-    def _as_owner(self, who: Acting) -> Iterator[psycopg.Connection[Row]]:
-        owner, member = acting_as(who)
-        try:
-            with self._db.as_owner(owner, member_id=member) as conn:
-                yield conn
-        except psycopg.Error as exc:
-            raise translate_db_error(exc) from None
+    def _as_owner(self, who: Acting) -> AbstractContextManager[psycopg.Connection[Row]]:
+        return as_acting(self._db, who)
 
 
 def _one(conn: psycopg.Connection[Row], token_id: UUID) -> TokenInfo:

@@ -16,6 +16,7 @@ import pytest
 from tests.api.servers import serve_app, threaded_upstream
 from tests.dispatch.upstream import Upstream
 from toolrelay.api import ApiSettings, create_app
+from toolrelay.cli import context
 from toolrelay.credentials import Keyring, MasterKey
 from toolrelay.db import Database
 from toolrelay.dispatch.egress import EgressPolicy
@@ -54,6 +55,16 @@ def api(database_url: str, keyring: Keyring) -> Iterator[str]:
 def upstream() -> Iterator[Upstream]:
     with threaded_upstream() as server:
         yield server
+
+
+@pytest.fixture
+def cli_owner(database_url: str, monkeypatch: pytest.MonkeyPatch) -> uuid.UUID:
+    """A brand-new owner the CLI acts as (TOOLRELAY_OWNER)."""
+    owner = uuid.uuid4()
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    monkeypatch.setenv("TOOLRELAY_OWNER", str(owner))
+    context.database.cache_clear()
+    return owner
 
 
 @dataclass

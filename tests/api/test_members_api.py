@@ -8,13 +8,10 @@ import json
 import uuid
 from collections.abc import Callable
 
-import pytest
-
 from tests.api.conftest import Client, agent_client, client
 from tests.api.test_api import error_of
 from tests.interop.conftest import runner
 from tests.registry.helpers import agent_with_tool
-from toolrelay.cli import context
 from toolrelay.cli.main import app as cli
 from toolrelay.db import Database
 from toolrelay.registry import Registry
@@ -84,15 +81,6 @@ def test_an_agent_token_has_no_member_routes(make_owner: Callable[[], Client], a
     bot = agent_client(api, tenant, "bot")
     assert error_of(bot.get("/v1/members")) == (403, "permission_denied")
     assert error_of(bot.post("/v1/members", json={"name": "x", "role": "admin"}))[0] == 403
-
-
-@pytest.fixture
-def cli_owner(database_url: str, monkeypatch: pytest.MonkeyPatch) -> uuid.UUID:
-    owner = uuid.uuid4()
-    monkeypatch.setenv("DATABASE_URL", database_url)
-    monkeypatch.setenv("TOOLRELAY_OWNER", str(owner))
-    context.database.cache_clear()
-    return owner
 
 
 def test_the_member_cli(cli_owner: uuid.UUID, db: Database) -> None:

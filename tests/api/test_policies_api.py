@@ -7,13 +7,10 @@ import json
 import uuid
 from collections.abc import Callable
 
-import pytest
-
 from tests.api.conftest import Client, agent_client
 from tests.api.test_api import error_of
 from tests.api.test_members_api import invite
 from tests.interop.conftest import runner
-from toolrelay.cli import context
 from toolrelay.cli.main import app as cli
 from toolrelay.db import Database
 from toolrelay.registry import Registry, ToolSpec
@@ -63,15 +60,6 @@ def test_a_rule_decides_an_agents_api_call(make_owner: Callable[[], Client], api
     assert error_of(bad)[0] == 422
     assert tenant.delete(f"/v1/policies/{rule.json()['id']}").status_code == 204
     assert tenant.get("/v1/policies").json() == {"items": []}
-
-
-@pytest.fixture
-def cli_owner(database_url: str, monkeypatch: pytest.MonkeyPatch) -> uuid.UUID:
-    owner = uuid.uuid4()
-    monkeypatch.setenv("DATABASE_URL", database_url)
-    monkeypatch.setenv("TOOLRELAY_OWNER", str(owner))
-    context.database.cache_clear()
-    return owner
 
 
 def test_the_policy_cli(cli_owner: uuid.UUID, db: Database) -> None:

@@ -7,21 +7,11 @@ import uuid
 import pytest
 from typer.testing import CliRunner
 
-from toolrelay.cli import context
 from toolrelay.cli.main import app
 from toolrelay.db import Database
 from toolrelay.tokens import TOKEN_PREFIX, Authenticator, Unauthenticated
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def cli_owner(database_url: str, monkeypatch: pytest.MonkeyPatch) -> uuid.UUID:
-    owner = uuid.uuid4()
-    monkeypatch.setenv("DATABASE_URL", database_url)
-    monkeypatch.setenv("TOOLRELAY_OWNER", str(owner))
-    context.database.cache_clear()
-    return owner
 
 
 def run(*args: str) -> str:

@@ -18,9 +18,11 @@ from typing import Any, Final
 
 from jsonschema import Draft202012Validator
 
+from toolrelay.errors import InvalidInput
 from toolrelay.export.openapi_load import pointer_token
+from toolrelay.registry.validation import validate_input
 
-__all__ = ["NoSample", "Sampler"]
+__all__ = ["NoSample", "Sampler", "sample_input"]
 
 AWKWARD: Final = "a b/c?d&e=f#g%h é"  # a string value that must be percent-encoded in a URL
 FORMATS: Final = {
@@ -353,3 +355,24 @@ def _members(items: Any) -> list[str]:
         elif name == "CATEGORY":
             out.append(_CLASS_SAMPLES.get(arg, ""))
     return out
+
+
+def sample_input(schema: Mapping[str, Any], seed: str) -> dict[str, Any] | None:
+    """An input valid for ``schema`` (optional members it could not make dropped), or None."""
+    sampler = Sampler(schema, seed)
+    try:
+        value = sampler.value(schema)
+    except NoSample:
+        return None
+    if not isinstance(value, dict) or sampler.dropped:
+        return None
+    for _ in range(len(value) + 1):
+        try:
+            validate_input(schema, value)
+            return value
+        except InvalidInput as exc:
+            member = exc.message.removeprefix("input.").split(".")[0].split("[")[0].split(":")[0]
+            if member not in value or member in (schema.get("required") or []):
+                return None
+            del value[member]
+    return None

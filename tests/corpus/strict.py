@@ -38,7 +38,7 @@ from openai.types.chat import ChatCompletionFunctionTool, ChatCompletionToolPara
 from openai.types.shared_params import FunctionDefinition
 from pydantic import TypeAdapter, ValidationError
 
-from tests.corpus.sample import NoSample, Sampler
+from tests.corpus.sample import sample_input
 from toolrelay.errors import InvalidInput
 from toolrelay.export.openapi_load import pointer_token
 from toolrelay.export.strict import from_strict_call
@@ -229,27 +229,6 @@ def round_trip(schema: Mapping[str, Any], params: Mapping[str, Any], seed: str) 
         return ("problem", problems) if problems else ("null", [])
     problems.append(f"from_strict_call gives {_short(back)}, not the sample {_short(value)}")
     return "problem", problems
-
-
-def sample_input(schema: Mapping[str, Any], seed: str) -> dict[str, Any] | None:
-    """An input valid for ``schema`` (optional members it could not make dropped), or None."""
-    sampler = Sampler(schema, seed)
-    try:
-        value = sampler.value(schema)
-    except NoSample:
-        return None
-    if not isinstance(value, dict) or sampler.dropped:
-        return None
-    for _ in range(len(value) + 1):
-        try:
-            validate_input(schema, value)
-            return value
-        except InvalidInput as exc:
-            member = exc.message.removeprefix("input.").split(".")[0].split("[")[0].split(":")[0]
-            if member not in value or member in (schema.get("required") or []):
-                return None
-            del value[member]
-    return None
 
 
 def strict_call(params: Mapping[str, Any], value: Any) -> Any:

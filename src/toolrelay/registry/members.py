@@ -8,8 +8,7 @@ fn_remove_member) and reads ``agents.members`` as the caller.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -17,10 +16,10 @@ from uuid import UUID
 
 import psycopg
 
-from toolrelay.db import Database, translate_db_error
+from toolrelay.db import Database
 from toolrelay.db.connect import Row
 from toolrelay.errors import InvalidArgument, NotFound
-from toolrelay.tokens import Acting, acting_as, hash_token, new_token
+from toolrelay.tokens import Acting, as_acting, hash_token, new_token
 
 __all__ = ["ROLES", "Member", "Members"]
 
@@ -113,14 +112,8 @@ class Members:
         assert row is not None
         return row["role"] if row["role"] in ROLES else None
 
-    @contextmanager
-    def _as(self, who: Acting) -> Iterator[psycopg.Connection[Row]]:
-        owner, member = acting_as(who)
-        try:
-            with self._db.as_owner(owner, member_id=member) as conn:
-                yield conn
-        except psycopg.Error as exc:
-            raise translate_db_error(exc) from None
+    def _as(self, who: Acting) -> AbstractContextManager[psycopg.Connection[Row]]:
+        return as_acting(self._db, who)
 
 
 def _check_role(role: str) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -25,7 +25,7 @@ from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import Row
 from toolrelay.errors import InvalidArgument, InvalidInput, NotFound
 from toolrelay.registry.validation import check_json_schema, validate_input
-from toolrelay.tokens import Acting, acting_as
+from toolrelay.tokens import Acting, as_acting
 
 __all__ = ["ACTIONS", "Policies", "Policy", "apply_policies"]
 
@@ -115,14 +115,8 @@ class Policies:
         assert row is not None
         return Policy(**row)
 
-    @contextmanager
-    def _as(self, who: Acting) -> Iterator[psycopg.Connection[Row]]:
-        owner, member = acting_as(who)
-        try:
-            with self._db.as_owner(owner, member_id=member) as conn:
-                yield conn
-        except psycopg.Error as exc:
-            raise translate_db_error(exc) from None
+    def _as(self, who: Acting) -> AbstractContextManager[psycopg.Connection[Row]]:
+        return as_acting(self._db, who)
 
 
 def apply_policies(db: Database, invocation_id: UUID) -> str | None:
