@@ -88,7 +88,8 @@ async def invoke(
 
 
 def _invoke(registry: Registry, me: str, body: s.InvokeIn) -> UUID:
-    return registry.invoke(me, _tool_key(registry, me, body.tool), body.input, body.run_id)
+    tool = _tool_key(registry, me, body.tool)
+    return registry.invoke(me, tool, body.input, body.run_id, reason=body.reason)
 
 
 @router.get(

@@ -318,6 +318,7 @@ class InvocationOut(BaseModel):
     updated_at: datetime
     finished_at: datetime | None
     retry_of: UUID | None = Field(default=None, description="The invocation this one retries.")
+    reason: str | None = Field(default=None, description="The agent's stated reason for it.")
 
 
 class ApprovalOut(BaseModel):
@@ -388,3 +389,6 @@ class InvokeIn(_In):
     tool: Name = Field(description="The tool key.")
     input: JSONObject = Field(default_factory=dict)
     run_id: UUID | None = None
+    reason: str | None = Field(
+        None, max_length=1000, description="Why the agent makes this call; shown to approvers."
+    )

@@ -231,6 +231,7 @@ _INVOCATION_FIELDS = """
     updated_at time
     finished_at time?
     retry_of uuid?
+    reason text?
 """
 
 INVOCATION = shape("invocation", _INVOCATION_FIELDS)

@@ -484,12 +484,12 @@ class _Handlers:
             return await self._status(registry, agent, arguments)
         mark = self.outcomes.mark()  # before the call: its first read may be skipped
         try:
-            called = await _run(registry.call, params.name, arguments)
+            called = await _run(registry.call, params.name, arguments, _reason(params))
             if called.tool is None and may_be_exported(params.name):  # another client's name
                 rows = await _run(registry.agent_tools, agent)
                 key = key_for(params.name, (r["key"] for r in rows))
                 if key is not None and key != params.name:
-                    called = await _run(registry.call, key, arguments)
+                    called = await _run(registry.call, key, arguments, _reason(params))
         except ToolrelayError as exc:  # invalid_input, the database is down, ...
             return error_result(exc.code, exc.message)
         await self.watch.seen(ctx, called.stamp)
@@ -541,6 +541,16 @@ class _Handlers:
             unread_since=mark,
             take_handed=own,
         )
+
+
+REASON_META: Final = "toolrelay/reason"  # tools/call _meta: the agent's stated reason
+
+
+def _reason(params: types.CallToolRequestParams) -> str | None:
+    """The agent's stated reason for a call, from its ``_meta`` (docs/mcp.md)."""
+    meta = params.meta if isinstance(params.meta, dict) else {}
+    reason = meta.get(REASON_META)
+    return reason if isinstance(reason, str) else None
 
 
 def _status_arguments(arguments: Mapping[str, Any]) -> tuple[UUID, float]:

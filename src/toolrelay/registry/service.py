@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 from uuid import UUID
 
 import psycopg
@@ -51,7 +51,7 @@ _INVOCATIONS = (
 
 # Pending invocations with what a reviewer needs to see the exact request approval sends.
 _REVIEW_QUEUE = """
-SELECT i.id, i.input, i.created_at, i.approval_expires_at, i.agent_id,
+SELECT i.id, i.input, i.reason, i.created_at, i.approval_expires_at, i.agent_id,
        coalesce(a.name, i.deleted_agent_name) AS agent_name,
        i.tool_id, coalesce(t.key, i.deleted_tool_key) AS tool_key, t.name AS tool_name,
        t.description AS tool_description,
@@ -142,11 +142,17 @@ _STALE_REFUSALS = frozenset({"P0002", "TR001", "TR002", "TR005"})
 # Both answer whether the call waits for approval too (the tool's gating, as fn_invoke_tool
 # decides it: the new row itself is not visible to the statement that made it): a pending
 # call may be decided by a policy (0028).
-_GATED = ", agents.tool_gated(%(tool)s) AS gated"
+# The FROM clause sets the agent's stated reason first, for the transaction: the column's
+# default reads it (migration 0029).
+_GATED = (
+    ", agents.tool_gated(%(tool)s) AS gated"
+    " FROM (SELECT set_config('toolrelay.call_reason', coalesce(%(reason)s, ''), true)) AS r"
+)
 _INSERT_SEEN = (
     "SELECT agents.invoke_seen(%(agent)s, %(name)s, %(tool)s, %(input)s, %(run)s,"
     " %(version)s) AS id" + _GATED
 )
+MAX_REASON: Final = 1000  # characters (the column's check)
 
 # In FROM, not `SELECT (fn_register_tool(...)).*`: that form calls the function once per
 # column of its row (PostgreSQL expands it so): 31 upserts, and 31 audit rows computed, a tool.
@@ -366,9 +372,12 @@ class Registry:
         tool: str,
         input: Mapping[str, Any] | None = None,
         run_id: UUID | None = None,
+        reason: str | None = None,
     ) -> UUID:
-        """Validate the input against schema_input, then record the invocation."""
+        """Validate the input against schema_input, then record the invocation (with the
+        agent's stated ``reason``, shown to whoever decides it)."""
         payload = _payload(input)
+        reason = _reason(reason)
         assigned = self.agent_id is not None
         identity = self.identity
         key = ("invoke", self.db.url, self.owner, self.agent_id, agent, tool)
@@ -379,7 +388,7 @@ class Registry:
                 seen = SEEN.get(key)
                 if seen is not None:
                     made = _insert_seen(
-                        trips, identity, seen, agent_name, payload, run_id, assigned
+                        trips, identity, seen, agent_name, payload, run_id, assigned, reason=reason
                     )
                     if made is not None:
                         return self._made(made[0][0])
@@ -396,7 +405,9 @@ class Registry:
                 agent_id, tool_id = found["agent_id"], found["tool_id"]
                 SEEN.put(key, Seen(agent_id, tool_id, found["schema_input"], found["version"], {}))
                 [[row]] = trips.run(
-                    identity, [_insert_call(agent_id, tool_id, checked, run_id)], retry=False
+                    identity,
+                    [_insert_call(agent_id, tool_id, checked, run_id, reason)],
+                    retry=False,
                 )
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
@@ -409,7 +420,9 @@ class Registry:
             apply_policies(self.db, invocation_id)
         return invocation_id
 
-    def call(self, key: str, input: Mapping[str, Any] | None = None) -> Called:
+    def call(
+        self, key: str, input: Mapping[str, Any] | None = None, reason: str | None = None
+    ) -> Called:
         """An agent's call by tool key, as this registry's agent: the tool as the agent may
         call it and the invocation made, or neither when it may not call it (unassigned,
         denied, disabled and unknown look the same); with the stamp of the agent's tools
@@ -418,6 +431,7 @@ class Registry:
         if self.agent_id is None:
             raise InvalidArgument("Registry.call acts as an agent: give the agent_id")
         payload = _payload(input)
+        reason = _reason(reason)
         identity = self.identity
         cache_key = ("call", self.db.url, self.owner, self.agent_id, key)
         stamp = (_STAMP, {"agent": self.agent_id})
@@ -425,7 +439,9 @@ class Registry:
             with self.db.trips() as trips:
                 seen = SEEN.get(cache_key)
                 if seen is not None:
-                    made = _insert_seen(trips, identity, seen, None, payload, None, True, [stamp])
+                    made = _insert_seen(
+                        trips, identity, seen, None, payload, None, True, [stamp], reason=reason
+                    )
                     if made is not None:
                         inserted, stamped = made[0][0], made[1][0]
                         return Called(seen.row, self._made(inserted), stamped["stamp"])
@@ -441,7 +457,9 @@ class Registry:
                 )
                 SEEN.put(cache_key, seen)
                 [[row]] = trips.run(
-                    identity, [_insert_call(self.agent_id, tool_id, checked, None)], retry=False
+                    identity,
+                    [_insert_call(self.agent_id, tool_id, checked, None, reason)],
+                    retry=False,
                 )
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
@@ -643,6 +661,7 @@ def _insert_seen(
     run_id: UUID | None,
     agent: bool,
     more: Sequence[Query] = (),
+    reason: str | None = None,
 ) -> list[list[Row]] | None:
     """The insert against what was read before; None when that is stale (or refuses the
     input, which a fresh read decides). ``agent``: the caller is the agent (strict nulls)."""
@@ -651,7 +670,8 @@ def _insert_seen(
     except InvalidInput:
         return None
     params = {"agent": seen.agent_id, "name": agent_name, "tool": seen.tool_id,
-              "input": Jsonb(checked), "run": run_id, "version": seen.version}  # fmt: skip
+              "input": Jsonb(checked), "run": run_id, "version": seen.version,
+              "reason": reason}  # fmt: skip
     try:
         results = trips.run(identity, [(_INSERT_SEEN, params), *more], retry=False)
     except psycopg.Error as exc:
@@ -661,9 +681,25 @@ def _insert_seen(
     return results if results[0][0]["id"] is not None else None
 
 
-def _insert_call(agent_id: Any, tool_id: Any, payload: Any, run_id: UUID | None) -> Query:
+def _insert_call(
+    agent_id: Any, tool_id: Any, payload: Any, run_id: UUID | None, reason: str | None = None
+) -> Query:
     sql = "SELECT fn_invoke_tool(%(agent)s, %(tool)s, %(input)s, %(run)s) AS id" + _GATED
-    return sql, {"agent": agent_id, "tool": tool_id, "input": Jsonb(payload), "run": run_id}
+    params = {"agent": agent_id, "tool": tool_id, "input": Jsonb(payload), "run": run_id}
+    return sql, params | {"reason": reason}
+
+
+def _reason(reason: str | None) -> str | None:
+    """The stated reason as stored: trimmed, at most MAX_REASON characters, no control
+    characters but line breaks and tabs."""
+    if reason is None or not reason.strip():
+        return None
+    reason = reason.strip()
+    if len(reason) > MAX_REASON:
+        raise InvalidInput(f"reason: at most {MAX_REASON} characters, got {len(reason)}")
+    if any((ord(c) < 32 and c not in "\t\n\r") or ord(c) == 127 for c in reason):
+        raise InvalidInput("reason: control characters are not allowed")
+    return reason
 
 
 def _as_uuid(value: str) -> UUID | None:
