@@ -139,18 +139,14 @@ _STAMP = "SELECT agents.agent_tools_stamp(%(agent)s) AS stamp"
 # What fn_invoke_tool refuses when what was read is stale: not found, inactive, unassigned,
 # no endpoint. The lookup then says why in its own words (an agent cannot tell which).
 _STALE_REFUSALS = frozenset({"P0002", "TR001", "TR002", "TR005"})
-# Both answer whether the call waits for approval too (the tool's gating, as fn_invoke_tool
-# decides it: the new row itself is not visible to the statement that made it): a pending
-# call may be decided by a policy (0028).
-# The FROM clause sets the agent's stated reason first, for the transaction: the column's
-# default reads it (migration 0029).
-_GATED = (
-    ", agents.tool_gated(%(tool)s) AS gated"
-    " FROM (SELECT set_config('toolrelay.call_reason', coalesce(%(reason)s, ''), true)) AS r"
-)
+# The FROM clause sets the agent's stated reason for the transaction first: the column's
+# default reads it (migration 0029). A call that may wait for approval also answers whether
+# its tool has rules to apply (``policed``, migration 0028: NULL, it does not wait).
+_REASON = " FROM (SELECT set_config('toolrelay.call_reason', coalesce(%(reason)s, ''), true)) AS r"
+_POLICED = ", agents.tool_policed(%(tool)s) AS policed"
 _INSERT_SEEN = (
     "SELECT agents.invoke_seen(%(agent)s, %(name)s, %(tool)s, %(input)s, %(run)s,"
-    " %(version)s) AS id" + _GATED
+    " %(version)s) AS id"
 )
 MAX_REASON: Final = 1000  # characters (the column's check)
 
@@ -403,20 +399,24 @@ class Registry:
                     raise NotFound(f"tool {tool} not found")
                 checked = _checked(found["schema_input"], payload, assigned)
                 agent_id, tool_id = found["agent_id"], found["tool_id"]
-                SEEN.put(key, Seen(agent_id, tool_id, found["schema_input"], found["version"], {}))
                 [[row]] = trips.run(
                     identity,
                     [_insert_call(agent_id, tool_id, checked, run_id, reason)],
                     retry=False,
+                )
+                gated = {"gated": row["policed"] is not None}  # for the next call's insert
+                SEEN.put(
+                    key, Seen(agent_id, tool_id, found["schema_input"], found["version"], gated)
                 )
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
         return self._made(row)
 
     def _made(self, row: Row) -> UUID:
-        """The new call's id, once a policy had its say on a call made pending (0028)."""
+        """The new call's id, once its tool's rules had their say on it when it waits for
+        approval and the tool has rules (``policed``, migration 0028)."""
         invocation_id = UUID(str(row["id"]))
-        if row.get("gated"):
+        if row.get("policed"):
             apply_policies(self.db, invocation_id)
         return invocation_id
 
@@ -672,8 +672,10 @@ def _insert_seen(
     params = {"agent": seen.agent_id, "name": agent_name, "tool": seen.tool_id,
               "input": Jsonb(checked), "run": run_id, "version": seen.version,
               "reason": reason}  # fmt: skip
+    # The rules' question only for a tool read as gated: an ungated call asks nothing more.
+    sql = _INSERT_SEEN + (_POLICED if seen.row.get("gated") else "") + _REASON
     try:
-        results = trips.run(identity, [(_INSERT_SEEN, params), *more], retry=False)
+        results = trips.run(identity, [(sql, params), *more], retry=False)
     except psycopg.Error as exc:
         if exc.sqlstate in _STALE_REFUSALS:  # say it as the lookup says it: read again
             return None
@@ -684,7 +686,8 @@ def _insert_seen(
 def _insert_call(
     agent_id: Any, tool_id: Any, payload: Any, run_id: UUID | None, reason: str | None = None
 ) -> Query:
-    sql = "SELECT fn_invoke_tool(%(agent)s, %(tool)s, %(input)s, %(run)s) AS id" + _GATED
+    sql = "SELECT fn_invoke_tool(%(agent)s, %(tool)s, %(input)s, %(run)s) AS id"
+    sql += _POLICED + _REASON
     params = {"agent": agent_id, "tool": tool_id, "input": Jsonb(payload), "run": run_id}
     return sql, params | {"reason": reason}
 

@@ -103,14 +103,24 @@ $$;
 REVOKE EXECUTE ON FUNCTION public.fn_policy_decide(uuid, uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION public.fn_policy_decide(uuid, uuid, text) TO service_role;
 
--- Whether a call to this tool waits for approval, answered beside the invoke (Registry): as
--- the definer, one index lookup, not the agent's tools policy (its assigned-tools array is
--- built per statement, 1,200 ids for a big agent). Only the caller's own tenant's tools.
-CREATE FUNCTION agents.tool_gated(p_tool uuid) RETURNS boolean
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog
+-- Answered beside an invoke that may wait for approval (Registry): NULL when a call to this
+-- tool does not wait, else whether the tool has rules to apply. As the definer, an index
+-- lookup or two, not the agent's tools policy (its assigned-tools array is built per
+-- statement); only the caller's own tenant's tools. Registry asks it only when the tool it
+-- read is gated, so an ungated call pays nothing for policies.
+CREATE FUNCTION agents.tool_policed(p_tool uuid) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog
 AS $$
-    SELECT agents.tool_is_gated(t) FROM agents.tools_registry t
-     WHERE t.id = p_tool AND t.owner = auth.uid()
+DECLARE
+    v_gated boolean;
+BEGIN
+    SELECT agents.tool_is_gated(t) INTO v_gated FROM agents.tools_registry t
+     WHERE t.id = p_tool AND t.owner = auth.uid();
+    IF v_gated IS NOT TRUE THEN
+        RETURN NULL;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM agents.tool_policies p WHERE p.tool_id = p_tool);
+END
 $$;
-REVOKE EXECUTE ON FUNCTION agents.tool_gated(uuid) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION agents.tool_gated(uuid) TO authenticated, service_role;
+REVOKE EXECUTE ON FUNCTION agents.tool_policed(uuid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION agents.tool_policed(uuid) TO authenticated, service_role;
