@@ -13,7 +13,14 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse
 
 from toolrelay import __version__
-from toolrelay.api import agent_routes, approvals, errors, operations, owner_routes
+from toolrelay.api import (
+    agent_routes,
+    approvals,
+    approvals_history,
+    errors,
+    operations,
+    owner_routes,
+)
 from toolrelay.api.audit_routes import router as audit_router
 from toolrelay.api.context import ApiContext, ApiSettings
 from toolrelay.api.limits import BodySizeLimit
@@ -92,6 +99,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(owner_routes.router)
     app.include_router(agent_routes.router)
     app.include_router(approvals.router)
+    app.include_router(approvals_history.router)  # /approvals/history, /approvals/calls/{id}
     app.include_router(webhook_router)  # /v1/webhooks (docs/notifications.md)
     app.include_router(audit_router)  # /v1/audit (docs/audit.md)
     app.include_router(member_router)  # /v1/members (docs/approvals.md)

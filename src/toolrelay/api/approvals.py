@@ -220,12 +220,15 @@ def _queue_values(context: ApiContext, caller: Caller, request: Request) -> dict
         }
         for row in registry.review_queue(QUEUE_LIMIT)
     ]
-    recent = [
+    recent = [  # settled ones, however many wait (before: 16 pending hid them all)
         {"row": row, "age": _ago(row["updated_at"], now)}
-        for row in registry.list_invocations(limit=RECENT_LIMIT * 2)
-        if row["status"] != "pending"
-    ][:RECENT_LIMIT]
-    return {"pending": pending, "recent": recent, "csrf": _csrf(context, request)}
+        for row in registry.list_invocations(limit=RECENT_LIMIT, settled=True)
+    ]
+    total = registry.pending_count() if len(pending) >= QUEUE_LIMIT else len(pending)
+    return {
+        "pending": pending, "pending_total": total, "recent": recent,
+        "csrf": _csrf(context, request),
+    }  # fmt: skip
 
 
 def _page(

@@ -529,9 +529,12 @@ class Registry:
         tool: str | None = None,
         agent: str | None = None,
         before: tuple[datetime, UUID] | None = None,
+        settled: bool = False,
+        decided_by: UUID | None = None,
     ) -> list[Row]:
         """Newest first. ``tool`` is a key or id, ``agent`` a name or id; ``before`` is the
-        (created_at, id) of the last row of the previous page (keyset pagination)."""
+        (created_at, id) of the last row of the previous page (keyset pagination);
+        ``settled``: not pending; ``decided_by``: decided by that member or policy."""
         check_status(status)
         check_limit(limit)
         tool_id, agent_id = _as_uuid(tool or ""), _as_uuid(agent or "")
@@ -544,6 +547,8 @@ class Registry:
             "agent_name": agent if agent is not None and agent_id is None else None,
             "before_at": before[0] if before else None,
             "before_id": before[1] if before else None,
+            "settled": settled,
+            "decided_by": decided_by,
         }
         with self._tx() as conn:
             return conn.execute(
@@ -556,9 +561,29 @@ class Registry:
                 "      OR coalesce(a.name, i.deleted_agent_name) = %(agent_name)s)"
                 " AND (%(before_at)s::timestamptz IS NULL"
                 "      OR (i.created_at, i.id) < (%(before_at)s, %(before_id)s::uuid))"
+                " AND (NOT %(settled)s OR i.status <> 'pending')"
+                " AND (%(decided_by)s::uuid IS NULL OR i.decided_by = %(decided_by)s"
+                "      OR i.decided_by_policy = %(decided_by)s)"
                 " ORDER BY i.created_at DESC, i.id DESC LIMIT %(limit)s",
                 params,
             ).fetchall()
+
+    def review_one(self, invocation_id: UUID | str) -> Row | None:
+        """One call of the review queue (as ``review_queue`` reads it), or None when it is
+        not waiting for a decision."""
+        sql = _REVIEW_QUEUE.replace(" ORDER BY i.created_at, i.id\n LIMIT %s", " AND i.id = %s")
+        with self._tx() as conn:
+            return conn.execute(sql, (str(invocation_id),)).fetchone()
+
+    def pending_count(self) -> int:
+        """How many calls wait for a decision now (the review queue's length, unbounded)."""
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM agents.tool_invocations WHERE status = 'pending'"
+                " AND (approval_expires_at IS NULL OR approval_expires_at > now())"
+            ).fetchone()
+        assert row is not None
+        return int(row["n"])
 
     def review_queue(self, limit: int = DEFAULT_LIST_LIMIT) -> list[Row]:
         """Pending invocations still open for a decision, oldest first, each with its tool's
