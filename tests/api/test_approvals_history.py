@@ -176,3 +176,51 @@ def test_history_and_detail_in_chromium(
         assert page.locator("li[data-invocation]").count() == 1  # the settled one only
     finally:
         page.close()
+
+
+def test_bulk_approve_approves_each_selected_request_as_its_card_showed_it(
+    api: str, tenant: tuple[Client, Registry]
+) -> None:
+    owner, registry = tenant
+    first, second, third = calls(registry, 3)
+    with signed_in(api, owner.token) as http:
+        html = http.get("/approvals").text
+        picks = dict(re.findall(r'name="pick" form="bulk" value="([^":]+):([0-9a-f]*)"', html))
+        assert set(picks) == {str(first), str(second), str(third)}
+        csrf = re.search(r'id="bulk".*?name="csrf" value="([^"]+)"', html, re.S)
+        assert csrf is not None
+        answer = http.post("/approvals/bulk-approve", data={"csrf": csrf.group(1), "pick": [
+            f"{first}:{picks[str(first)]}", f"{second}:{'0' * 64}",  # a request not shown
+        ]})  # fmt: skip
+        assert answer.status_code == 409
+        assert (
+            "Approved 1 of 2." in answer.text and "no longer the one you were shown" in answer.text
+        )
+        forged = http.post("/approvals/bulk-approve", data={"csrf": "nope", "pick": [
+            f"{third}:{picks[str(third)]}"]})  # fmt: skip
+        assert forged.status_code == 403
+    statuses = [registry.get_invocation(c)["status"] for c in (first, second, third)]
+    assert statuses == ["running", "pending", "pending"]
+
+
+def test_bulk_approve_in_chromium_on_a_phone(
+    browser: Browser, api: str, tenant: tuple[Client, Registry]
+) -> None:
+    owner, registry = tenant
+    made = calls(registry, 3)
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    try:
+        page.goto(f"{api}/approvals")
+        page.get_by_label("Owner token").fill(owner.token)
+        page.get_by_role("button", name="Sign in").click()
+        boxes = page.get_by_label('select this request for "Approve selected"')
+        boxes.nth(0).check()
+        boxes.nth(2).check()
+        page.get_by_role("button", name="Approve selected").click()
+        page.locator("[data-part=bulk]", has_text="Approved 2 of 2.").wait_for()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "approvals-bulk-phone.png"), full_page=True)
+    finally:
+        page.close()
+    statuses = sorted(registry.get_invocation(c)["status"] for c in made)
+    assert statuses == ["pending", "running", "running"]

@@ -186,13 +186,12 @@ def test_a_page_approval_binds_what_the_card_showed(page_api: str, db: Database)
         assert "no longer the one you were shown" in stale.text
         assert owner.get(f"/v1/invocations/{inv}").json()["approval_status"] == "pending"
 
-        fresh = card_fields(http.get("/approvals").text, inv)
-        assert fresh["digest"] != shown["digest"]
-        assert http.post(f"/approvals/{inv}/approve", data=fresh).status_code == 303
-    approved = owner.get(f"/v1/invocations/{inv}").json()
-    assert (approved["approval_status"], approved["request_digest"]) == (
-        "approved",
-        fresh["digest"],
-    )
+        # The page then offers no approval at all: the dispatcher would fail the call
+        # (tool_changed) whatever request it approved (issue 16, item 6).
+        card = http.get("/approvals").text.split(f'data-invocation="{inv}"', 1)[1]
+        card = card.split("</article>", 1)[0]
+        assert f'action="/approvals/{inv}/approve"' not in card
+        assert "can no longer be approved" in card
+    assert owner.get(f"/v1/invocations/{inv}").json()["approval_status"] == "pending"
     owner.http.close()
     agent.http.close()

@@ -300,6 +300,35 @@ def sign_out(request: Request, context: Ctx, csrf: Annotated[str, Form()] = "") 
     return response
 
 
+@router.post("/approvals/bulk-approve")
+def bulk_approve(
+    request: Request,
+    context: Ctx,
+    csrf: Annotated[str, Form()] = "",
+    pick: Annotated[list[str] | None, Form()] = None,
+) -> Response:
+    """Approve the selected cards, each bound to the digest of the request its card showed
+    (``<id>:<digest>``): one that would now send anything else is not approved, and said."""
+    caller = _session(request, context)
+    if caller is None:
+        return RedirectResponse("/approvals", status_code=303)
+    _check_csrf(context, request, csrf)
+    registry = context.registry(caller)
+    picks = (pick or [])[:QUEUE_LIMIT]
+    approved, failed = 0, []
+    for item in picks:
+        ident, _, digest = item.partition(":")
+        try:
+            registry.approve(UUID(ident), digest or None)
+            approved += 1
+        except ValueError:
+            failed.append(f"{ident[:40]!r} is not a call's id.")
+        except ToolrelayError as exc:
+            failed.append(exc.message)
+    bulk = {"asked": len(picks), "approved": approved, "failed": failed}
+    return _page(context, caller, request, status=409 if failed else 200, bulk=bulk)
+
+
 @router.post("/approvals/{invocation_id}/approve")
 def approve(
     invocation_id: UUID,
