@@ -224,3 +224,29 @@ def test_bulk_approve_in_chromium_on_a_phone(
         page.close()
     statuses = sorted(registry.get_invocation(c)["status"] for c in made)
     assert statuses == ["pending", "running", "running"]
+
+
+def test_a_quorum_in_progress_shows_on_the_card(
+    api: str, make_owner: Callable[[], Client], db: Database
+) -> None:
+    owner = make_owner()
+    registry = Registry(db, owner.owner)
+    agent_with_tool(registry, key="bank.pay", is_dangerous=True, **GATED)
+    ann, bob = (Members(db).invite(owner.owner, name, "approver")[1] for name in ("Ann", "Bob"))
+    [call] = [registry.invoke("bot", "bank.pay", {"text": "100"})]
+    with signed_in(api, ann) as http:
+        card = http.get("/approvals").text.split(f'data-invocation="{call}"', 1)[1]
+        assert "0 of 2 approvals" in card.split("</article>", 1)[0]
+        Registry(db, owner.owner, member_id=_member(db, owner.owner, "Ann")).approve(call)
+        card = http.get("/approvals").text.split(f'data-invocation="{call}"', 1)[1]
+        card = card.split("</article>", 1)[0]
+        assert "1 of 2 approvals" in card and "You approved this" in card
+        assert f'/approvals/{call}/approve"' not in card  # not twice
+    with signed_in(api, bob) as http:
+        card = http.get("/approvals").text.split(f'data-invocation="{call}"', 1)[1]
+        card = card.split("</article>", 1)[0]
+        assert "1 of 2 approvals" in card and f'/approvals/{call}/approve"' in card
+
+
+def _member(db: Database, owner: uuid.UUID, name: str) -> uuid.UUID:
+    return next(m.id for m in Members(db).list(owner) if m.name == name)

@@ -58,7 +58,15 @@ SELECT i.id, i.input, i.reason, i.created_at, i.approval_expires_at, i.agent_id,
        t.endpoint_url, t.http_method, t.request_template, t.schema_input, t.auth_method,
        t.auth_placement, t.auth_param_name, t.auth_param_prefix, t.credential_ref,
        t.idempotency_header, t.egress_class, t.is_dangerous,
-       agents.tool_fingerprint(t) IS DISTINCT FROM i.config_fingerprint AS tool_changed
+       agents.tool_fingerprint(t) IS DISTINCT FROM i.config_fingerprint AS tool_changed,
+       -- a quorum in progress (migration 0026): how many approved, how many it needs,
+       -- and whether the caller is one of them
+       (SELECT count(*) FROM agents.invocation_approvals p WHERE p.invocation_id = i.id)
+           AS approvals_given,
+       CASE WHEN t.id IS NOT NULL THEN agents.approvals_needed(t) END AS approvals_needed,
+       EXISTS (SELECT 1 FROM agents.invocation_approvals p WHERE p.invocation_id = i.id
+                  AND p.member_id = coalesce(agents.caller_member_id(), auth.uid()))
+           AS approved_by_me
   FROM agents.tool_invocations i
   LEFT JOIN agents.tools_registry t ON t.id = i.tool_id
   LEFT JOIN agents.agents a ON a.id = i.agent_id
