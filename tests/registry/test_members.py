@@ -239,3 +239,11 @@ def test_the_audit_api_shape_names_the_member(team: Team) -> None:
     rows = read_audit(team.owner, kind="agent", limit=5)
     assert rows[0]["actor_member"] == team.ids["admin"]
     assert {r["kind"] for r in read_audit(team.owner, kind="member", limit=10)} == {"member"}
+
+
+def test_only_admins_read_the_audit_log(team: Team) -> None:
+    """Issue 16, item 7: readable by admins (migration 0030)."""
+    team.owner.create_agent("logged")
+    assert read_audit(team.as_("admin"), kind="agent", limit=5)
+    for role in ("approver", "viewer"):
+        assert read_audit(team.as_(role), limit=50) == []

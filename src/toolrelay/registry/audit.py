@@ -70,7 +70,7 @@ def read_audit(
         "limit": limit,
     }
     try:
-        with registry.db.as_owner(registry.owner, agent_id=registry.agent_id) as conn:
+        with registry.db.as_owner(registry.owner, registry.agent_id, registry.member_id) as conn:
             return conn.execute(_AUDIT, params).fetchall()
     except psycopg.Error as exc:
         raise translate_db_error(exc) from None
