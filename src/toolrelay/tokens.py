@@ -38,6 +38,7 @@ __all__ = [
     "acting_as",
     "as_acting",
     "hash_token",
+    "insert_token",
     "new_token",
 ]
 
@@ -154,12 +155,8 @@ class TokenStore:
         in clear."""
         token = new_token()
         with self._as_owner(owner) as conn:
-            row = conn.execute(
-                "SELECT fn_create_api_token(%s, %s, %s, %s, %s) AS id",
-                (hash_token(token), agent_id, name, expires_at, member_id),
-            ).fetchone()
-            assert row is not None
-            info = _one(conn, row["id"])
+            made = insert_token(conn, token, agent_id, name, expires_at, member_id)
+            info = _one(conn, made)
         return info, token
 
     def get(self, owner: Acting, token_id: UUID) -> TokenInfo:
@@ -200,6 +197,23 @@ class TokenStore:
 
     def _as_owner(self, who: Acting) -> AbstractContextManager[psycopg.Connection[Row]]:
         return as_acting(self._db, who)
+
+
+def insert_token(
+    conn: psycopg.Connection[Row],
+    token: str,
+    agent_id: UUID | None = None,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    member_id: UUID | None = None,
+) -> UUID:
+    """Store ``token`` (its hash) in the caller's transaction; the new token's id."""
+    row = conn.execute(
+        "SELECT fn_create_api_token(%s, %s, %s, %s, %s) AS id",
+        (hash_token(token), agent_id, name, expires_at, member_id),
+    ).fetchone()
+    assert row is not None
+    return UUID(str(row["id"]))
 
 
 def _one(conn: psycopg.Connection[Row], token_id: UUID) -> TokenInfo:

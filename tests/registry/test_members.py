@@ -88,11 +88,16 @@ def test_a_plain_update_as_a_non_admin_is_refused_too(team: Team, db: Database) 
     """The RFC's `UPDATE agents.tools_registry SET ...` as the owner: by an admin it works,
     by an approver or a viewer it is refused, not silently skipped."""
     tool = add_tool(team.owner, key="plain.get")
-    for role in ("approver", "viewer"):
+    gone = team.members.add(team.owner.owner, "Gone", "admin")
+    team.members.remove(team.owner.owner, gone.id)
+    team.ids["removed"] = gone.id
+    for role, phrase in (("approver", "an approver"), ("viewer", "a viewer"),
+                         ("removed", "not a member")):  # fmt: skip
         with (
-            pytest.raises(psycopg.errors.InsufficientPrivilege, match="needs the admin role"),
+            pytest.raises(psycopg.errors.InsufficientPrivilege,
+                          match=f"needs the admin role; this member is {phrase}\n"),
             db.as_owner(team.owner.owner, member_id=team.ids[role]) as conn,
-        ):
+        ):  # fmt: skip
             conn.execute(
                 "UPDATE agents.tools_registry SET endpoint_url = 'https://evil.example/x'"
                 " WHERE id = %s", (tool["id"],),

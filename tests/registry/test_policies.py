@@ -17,7 +17,8 @@ from toolrelay.errors import InvalidArgument, PermissionDenied
 from toolrelay.registry import Registry
 from toolrelay.registry.members import Members
 from toolrelay.registry.policies import Policies
-from toolrelay.registry.service import _APPROVAL_ROW, _digest_of
+from toolrelay.registry.preview import approval_digest
+from toolrelay.registry.service import _APPROVAL_ROW
 from toolrelay.tokens import Caller
 
 PAY: dict[str, Any] = {
@@ -50,7 +51,7 @@ def test_an_approve_rule_approves_what_it_matches_and_binds_the_digest(
     assert (row["decided_by"], row["decided_by_policy"]) == (None, rule.id)
     with db.as_owner(registry.owner) as conn:
         again = conn.execute(_APPROVAL_ROW.replace("AND i.status = 'pending'", ""), (small,))
-        assert row["request_digest"] == _digest_of(again.fetchone())  # as a person's binds
+        assert row["request_digest"] == approval_digest(again.fetchone())  # as a person's binds
     assert registry.get_invocation(large)["status"] == "pending"  # for a person
     assert registry.get_invocation(elsewhere)["status"] == "pending"
 

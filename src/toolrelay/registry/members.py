@@ -19,7 +19,7 @@ import psycopg
 from toolrelay.db import Database
 from toolrelay.db.connect import Row
 from toolrelay.errors import InvalidArgument, NotFound
-from toolrelay.tokens import Acting, as_acting, hash_token, new_token
+from toolrelay.tokens import Acting, as_acting, insert_token, new_token
 
 __all__ = ["ROLES", "Member", "Members"]
 
@@ -81,10 +81,7 @@ class Members:
             ).fetchone()
             assert row is not None
             if token is not None:
-                conn.execute(
-                    "SELECT fn_create_api_token(%s, NULL, %s, NULL, %s)",
-                    (hash_token(token), name, row["id"]),
-                )
+                insert_token(conn, token, name=name, member_id=row["id"])
             added = conn.execute(
                 f"SELECT {_COLUMNS} FROM agents.members WHERE id = %s", (row["id"],)
             ).fetchone()

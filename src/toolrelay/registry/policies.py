@@ -24,6 +24,7 @@ import psycopg
 from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import Row
 from toolrelay.errors import InvalidArgument, InvalidInput, NotFound
+from toolrelay.registry.preview import approval_digest
 from toolrelay.registry.validation import check_json_schema, validate_input
 from toolrelay.tokens import Acting, as_acting
 
@@ -122,8 +123,6 @@ class Policies:
 def apply_policies(db: Database, invocation_id: UUID) -> str | None:
     """Let the first rule of the call's tool that its input matches decide a pending call;
     the status it then has, or None when no rule matched (or it is not pending)."""
-    from toolrelay.registry.service import _digest_of  # the digest a person approves
-
     try:
         with db.as_dispatcher() as conn:
             row = conn.execute(_PENDING, (invocation_id,)).fetchone()
@@ -134,7 +133,7 @@ def apply_policies(db: Database, invocation_id: UUID) -> str | None:
                     validate_input(policy["schema"], row["input"])
                 except InvalidInput:
                     continue
-                digest = _digest_of(row) if policy["action"] == "approve" else None
+                digest = approval_digest(row) if policy["action"] == "approve" else None
                 decided = conn.execute(
                     "SELECT fn_policy_decide(%s, %s, %s) AS status",
                     (invocation_id, policy["id"], digest),

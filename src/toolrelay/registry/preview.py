@@ -21,7 +21,7 @@ from toolrelay.dispatch.bodies import media_type, shown_body
 from toolrelay.dispatch.executor import MASK, auth_prefix, build_request, request_digest
 from toolrelay.errors import TemplateError
 
-__all__ = ["MASK", "Header", "Part", "RequestPreview", "preview_request"]
+__all__ = ["MASK", "Header", "Part", "RequestPreview", "approval_digest", "preview_request"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,17 @@ class RequestPreview:
 
 def _text(value: str) -> tuple[Part, ...]:
     return (Part(value),) if value else ()
+
+
+def approval_digest(row: Mapping[str, Any]) -> str | None:
+    """The digest of the request the call renders now, which an approval binds to; None when
+    it cannot render (the dispatcher then fails it before sending)."""
+    if not row["endpoint_url"]:
+        return None
+    try:
+        return request_digest(build_request(row))
+    except TemplateError:
+        return None
 
 
 def preview_request(row: Mapping[str, Any]) -> RequestPreview:

@@ -19,21 +19,19 @@ from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import Identity, Query, Row, Trips, owner_identity
-from toolrelay.dispatch.executor import build_request
-from toolrelay.dispatch.executor import request_digest as rendered_digest
 from toolrelay.errors import (
     Conflict,
     InvalidArgument,
     InvalidInput,
     NotAssigned,
     NotFound,
-    TemplateError,
     ToolrelayError,
 )
 from toolrelay.export.strict import from_strict_call
 from toolrelay.registry.fields import check_fields, check_limit, check_status
 from toolrelay.registry.models import EXTRA_COLUMNS, UPDATABLE_COLUMNS, ToolSpec
 from toolrelay.registry.policies import apply_policies
+from toolrelay.registry.preview import approval_digest
 from toolrelay.registry.seen import SEEN, Seen
 from toolrelay.registry.validation import check_tool, validate_input
 
@@ -72,8 +70,9 @@ SELECT i.id, i.input, i.reason, i.created_at, i.approval_expires_at, i.agent_id,
   LEFT JOIN agents.agents a ON a.id = i.agent_id
  WHERE i.status = 'pending'
    AND (i.approval_expires_at IS NULL OR i.approval_expires_at > now())
+   AND (%(id)s::uuid IS NULL OR i.id = %(id)s)
  ORDER BY i.created_at, i.id
- LIMIT %s
+ LIMIT %(limit)s
 """
 
 # What approving an invocation binds to: the columns build_request renders from.
@@ -97,17 +96,6 @@ class Called:
     stamp: str
 
 
-def _digest_of(row: Mapping[str, Any]) -> str | None:
-    """The digest of the request the call renders now; None when it cannot render (the
-    dispatcher then fails it before sending)."""
-    if not row["endpoint_url"]:
-        return None
-    try:
-        return rendered_digest(build_request(row))
-    except TemplateError:
-        return None
-
-
 _ATTEMPTS = (
     "SELECT attempt, worker, started_at, finished_at, status_code, duration_ms, error_code,"
     " error, request_method, request_url, request_headers, request_body_bytes,"
@@ -117,8 +105,8 @@ _ATTEMPTS = (
 
 # One invocation, for its owner or (with agent) only that agent's; retried_by is the other
 # direction of retry_of (at most one retry per call).
-_ONE_INVOCATION = (
-    "SELECT i.*, coalesce(t.key, i.deleted_tool_key) AS tool_key,"
+_ONE_INVOCATION_FROM = (
+    " coalesce(t.key, i.deleted_tool_key) AS tool_key,"
     " coalesce(a.name, i.deleted_agent_name) AS agent_name,"
     " (SELECT r.id FROM agents.tool_invocations r WHERE r.retry_of = i.id LIMIT 1) AS retried_by"
     " FROM agents.tool_invocations i"
@@ -131,14 +119,13 @@ _ONE_INVOCATION = (
 
 # For owners, the approvals a call has and needs (migration 0026): not on an agent's reads,
 # which the wait paths make on every wake.
-_OWNER_INVOCATION = _ONE_INVOCATION.replace(
-    "SELECT i.*,",
+_ONE_INVOCATION = "SELECT i.*," + _ONE_INVOCATION_FROM
+_OWNER_INVOCATION = (
     "SELECT i.*, (SELECT coalesce(jsonb_agg(jsonb_build_object('member_id', p.member_id,"
     " 'approved_at', p.approved_at) ORDER BY p.approved_at, p.member_id), '[]')"
     " FROM agents.invocation_approvals p WHERE p.invocation_id = i.id) AS approvals,"
     " CASE WHEN i.status = 'pending' AND t.id IS NOT NULL"
-    " THEN agents.approvals_needed(t) END AS approvals_needed,",
-    1,
+    " THEN agents.approvals_needed(t) END AS approvals_needed," + _ONE_INVOCATION_FROM
 )
 
 # An agent's tool by key, the stamp of its tools (0019) and the tool's version (0020).
@@ -147,10 +134,12 @@ _STAMP = "SELECT agents.agent_tools_stamp(%(agent)s) AS stamp"
 # What fn_invoke_tool refuses when what was read is stale: not found, inactive, unassigned,
 # no endpoint. The lookup then says why in its own words (an agent cannot tell which).
 _STALE_REFUSALS = frozenset({"P0002", "TR001", "TR002", "TR005"})
-# The FROM clause sets the agent's stated reason for the transaction first: the column's
-# default reads it (migration 0029). A call that may wait for approval also answers whether
-# its tool has rules to apply (``policed``, migration 0028: NULL, it does not wait).
-_REASON = " FROM (SELECT set_config('toolrelay.call_reason', coalesce(%(reason)s, ''), true)) AS r"
+# With a stated reason, the FROM clause sets it for the transaction first: the column's
+# default reads it (migration 0029); without one nothing is set (a setting made with
+# set_config(..., true) ends with its transaction, so none is left from an earlier call).
+# A call that may wait for approval also answers whether its tool has rules to apply
+# (``policed``, migration 0028: NULL, it does not wait).
+_REASON = " FROM (SELECT set_config('toolrelay.call_reason', %(reason)s, true)) AS r"
 _POLICED = ", agents.tool_policed(%(tool)s) AS policed"
 _INSERT_SEEN = (
     "SELECT agents.invoke_seen(%(agent)s, %(name)s, %(tool)s, %(input)s, %(run)s,"
@@ -488,7 +477,7 @@ class Registry:
         """
         with self._tx() as conn:
             row = conn.execute(_APPROVAL_ROW, (str(invocation_id),)).fetchone()
-            current = _digest_of(row) if row is not None else None
+            current = approval_digest(row) if row is not None else None
             if request_digest is not None and request_digest != current:
                 raise Conflict(
                     f"invocation {invocation_id}: the request it would send is no longer the"
@@ -579,9 +568,8 @@ class Registry:
     def review_one(self, invocation_id: UUID | str) -> Row | None:
         """One call of the review queue (as ``review_queue`` reads it), or None when it is
         not waiting for a decision."""
-        sql = _REVIEW_QUEUE.replace(" ORDER BY i.created_at, i.id\n LIMIT %s", " AND i.id = %s")
         with self._tx() as conn:
-            return conn.execute(sql, (str(invocation_id),)).fetchone()
+            return conn.execute(_REVIEW_QUEUE, {"id": str(invocation_id), "limit": 1}).fetchone()
 
     def pending_count(self) -> int:
         """How many calls wait for a decision now (the review queue's length, unbounded)."""
@@ -597,7 +585,7 @@ class Registry:
         """Pending invocations still open for a decision, oldest first, each with its tool's
         dispatch settings and ``tool_changed`` (the tool changed since the call was made)."""
         with self._tx() as conn:
-            return conn.execute(_REVIEW_QUEUE, (limit,)).fetchall()
+            return conn.execute(_REVIEW_QUEUE, {"id": None, "limit": limit}).fetchall()
 
     def attempts_of(self, invocation_id: UUID | str) -> list[Row]:
         """What an agent may see of a call's attempts (its owner reads them): number,
@@ -706,7 +694,7 @@ def _insert_seen(
               "input": Jsonb(checked), "run": run_id, "version": seen.version,
               "reason": reason}  # fmt: skip
     # The rules' question only for a tool read as gated: an ungated call asks nothing more.
-    sql = _INSERT_SEEN + (_POLICED if seen.row.get("gated") else "") + _REASON
+    sql = _INSERT_SEEN + (_POLICED if seen.row.get("gated") else "") + _reason_clause(reason)
     try:
         results = trips.run(identity, [(sql, params), *more], retry=False)
     except psycopg.Error as exc:
@@ -720,9 +708,13 @@ def _insert_call(
     agent_id: Any, tool_id: Any, payload: Any, run_id: UUID | None, reason: str | None = None
 ) -> Query:
     sql = "SELECT fn_invoke_tool(%(agent)s, %(tool)s, %(input)s, %(run)s) AS id"
-    sql += _POLICED + _REASON
+    sql += _POLICED + _reason_clause(reason)
     params = {"agent": agent_id, "tool": tool_id, "input": Jsonb(payload), "run": run_id}
     return sql, params | {"reason": reason}
+
+
+def _reason_clause(reason: str | None) -> str:
+    return _REASON if reason is not None else ""
 
 
 def _reason(reason: str | None) -> str | None:

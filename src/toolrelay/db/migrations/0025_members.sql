@@ -88,6 +88,14 @@ $$;
 REVOKE EXECUTE ON FUNCTION agents.caller_member_role() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION agents.caller_member_role() TO authenticated, service_role;
 
+-- How a refusal names the caller's role.
+CREATE FUNCTION agents.role_phrase(p_role text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog
+AS $$
+    SELECT CASE p_role WHEN 'admin' THEN 'an admin' WHEN 'approver' THEN 'an approver'
+                       WHEN 'viewer' THEN 'a viewer' ELSE 'not a member' END
+$$;
+
 -- The tenant, when the caller has one of these roles; else 42501 naming what was needed.
 CREATE FUNCTION agents.require_role(VARIADIC p_roles text[]) RETURNS uuid
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog
@@ -106,9 +114,7 @@ BEGIN
     END IF;
     IF NOT v_role = ANY (p_roles) THEN
         RAISE EXCEPTION 'this needs the % role; this member is %',
-            array_to_string(p_roles, ' or '),
-            CASE v_role WHEN 'admin' THEN 'an admin' WHEN 'approver' THEN 'an approver'
-                        ELSE 'a viewer' END
+            array_to_string(p_roles, ' or '), agents.role_phrase(v_role)
             USING ERRCODE = '42501';
     END IF;
     RETURN v_owner;
@@ -144,9 +150,7 @@ BEGIN
         v_role := agents.caller_member_role();
         IF v_role IS DISTINCT FROM 'admin' THEN
             RAISE EXCEPTION '% %.% needs the admin role; this member is %',
-                lower(TG_OP), TG_TABLE_SCHEMA, TG_TABLE_NAME,
-                coalesce(CASE v_role WHEN 'approver' THEN 'an approver' ELSE 'a viewer' END,
-                         'not a member')
+                lower(TG_OP), TG_TABLE_SCHEMA, TG_TABLE_NAME, agents.role_phrase(v_role)
                 USING ERRCODE = '42501';
         END IF;
     END IF;
@@ -155,33 +159,8 @@ END
 $$;
 
 -- Deciding a call: an approver or an admin; decided_by names the member (the tenant's uuid
--- when the tenant itself decides: it is its own first admin).
-CREATE OR REPLACE FUNCTION public.fn_approve_tool_invocation(
-    p_invocation_id uuid, p_request_digest text DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog
-AS $$
-DECLARE
-    v_owner uuid := agents.require_role('admin', 'approver');
-    v agents.tool_invocations := agents.lock_pending(v_owner, p_invocation_id);
-BEGIN
-    IF p_request_digest IS NOT NULL AND p_request_digest !~ '^[0-9a-f]{64}$' THEN
-        RAISE EXCEPTION 'request digest must be 64 lowercase hex characters (sha256), got %',
-            left(p_request_digest, 80) USING ERRCODE = '22023';
-    END IF;
-    IF v.approval_expires_at IS NOT NULL AND v.approval_expires_at <= now() THEN
-        RAISE EXCEPTION 'invocation % can no longer be approved: its approval window closed at %',
-            p_invocation_id, v.approval_expires_at USING ERRCODE = 'TR004';
-    END IF;
-    UPDATE agents.tool_invocations
-       SET status = 'running', approval_status = 'approved',
-           decided_by = coalesce(agents.caller_member_id(), v_owner),
-           decided_at = now(), run_after = now(), request_digest = p_request_digest,
-           updated_at = now()
-     WHERE id = p_invocation_id;
-END
-$$;
-
+-- when the tenant itself decides: it is its own first admin). Approving is replaced whole by
+-- migration 0026 (quorum); rejecting is here.
 CREATE OR REPLACE FUNCTION public.fn_reject_tool_invocation(
     p_invocation_id uuid, p_reason text DEFAULT NULL)
 RETURNS void
