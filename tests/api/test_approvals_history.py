@@ -6,18 +6,18 @@ decided and why) — over HTTP, and in Chromium at desktop and phone widths."""
 from __future__ import annotations
 
 import re
-import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser
 
 from tests.api.conftest import Client
+from tests.browser import launch
 from tests.registry.helpers import agent_with_tool
-from tests.security.test_approvals_spoofing import CHROMIUM, CHROMIUM_ARGS, signed_in
+from tests.security.test_approvals_spoofing import signed_in
 from toolrelay.db import Database
 from toolrelay.registry import Registry
 from toolrelay.registry.members import Members
@@ -141,14 +141,7 @@ def test_detail_shows_the_request_the_attempts_and_who_decided(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    executable = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
-    if executable is None:
-        pytest.skip(f"Chromium is not installed at {CHROMIUM} (Debian: apt-get install "
-                    "chromium); the history pages were NOT tested in a browser")  # fmt: skip
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
+    yield from launch("the history pages")
 
 
 @pytest.mark.parametrize(("width", "height", "name"), [(1280, 900, "desktop"), (390, 844, "phone")])

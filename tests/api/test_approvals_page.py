@@ -4,35 +4,22 @@ phone-sized screen. Screenshots go to artifacts/."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.api.conftest import Client, agent_client
+from tests.browser import CHROMIUM, chromium, launch
 from tests.dispatch.upstream import Upstream
 
-CHROMIUM = os.environ.get("TOOLRELAY_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parents[2] / "artifacts"
 SECRET = "sk-page-3c1d9e"
 COMPLETES_WITHIN = 30_000  # ms: the page refreshes every 4 s, the worker sends at once
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
 pytestmark = pytest.mark.skipif(
-    not (Path(CHROMIUM).exists() or shutil.which("chromium")),
+    chromium() is None,
     reason=f"Chromium is not installed at {CHROMIUM} (Debian: apt-get install chromium); "
     "the approvals page was NOT tested in a browser",
 )
@@ -40,11 +27,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    executable = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    yield from launch("the approvals page")
 
 
 @pytest.fixture

@@ -15,11 +15,14 @@ extracts only the documents named here into ``corpus_dir()`` (outside the reposi
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-__all__ = ["ALL", "CI", "PACKAGES", "Document", "corpus_dir", "documents"]
+import pytest
+
+__all__ = ["ALL", "CI", "PACKAGES", "Document", "corpus_dir", "documents", "installed"]
 
 HERE: Final = Path(__file__).parent
 OCTOKIT: Final = "@octokit/openapi"
@@ -198,3 +201,21 @@ def documents(which: str | None = None) -> tuple[Document, ...]:
     if which not in ("ci", "all"):
         raise ValueError(f"TOOLRELAY_CORPUS={which!r}: expected 'ci' or 'all'")
     return ALL if which == "all" else CI
+
+
+def installed(docs: Sequence[Document]) -> Path:
+    """The corpus folder, once every one of ``docs`` is there; else a test failure saying
+    how to install it (a skip with TOOLRELAY_CORPUS_OPTIONAL=1)."""
+    where = corpus_dir()
+    missing = [doc.name for doc in docs if not doc.path(where).is_file()]
+    if missing:
+        message = (
+            f"the OpenAPI corpus is not installed: {len(missing)} of {len(docs)} documents"
+            f" missing in {where} (first: {missing[0]}). Install it with"
+            " `python -m tests.corpus.install` (./scripts/test and .ci/run do), or set"
+            " TOOLRELAY_CORPUS_OPTIONAL=1 to skip this test"
+        )
+        if os.environ.get("TOOLRELAY_CORPUS_OPTIONAL") == "1":
+            pytest.skip(message)
+        pytest.fail(message)
+    return where

@@ -35,7 +35,7 @@ from typing import Any, Final, cast
 
 import pytest
 
-from tests.corpus import Document, corpus_dir, documents
+from tests.corpus import Document, documents, installed
 from tests.corpus.check import (
     BodyValidator,
     Operation,
@@ -61,7 +61,6 @@ SEED: Final = 15
 GOAL: Final = 0.95  # of all operations: imported or skipped with a stated reason
 SECRET: Final = "corpus-secret-4f1d9c"
 ARTIFACT: Final = Path(__file__).parents[2] / "artifacts" / "openapi-corpus.json"
-OPTIONAL: Final = os.environ.get("TOOLRELAY_CORPUS_OPTIONAL") == "1"
 NOTHING_IMPORTABLE: Final = "every operation skipped with its reason"
 
 FIGURES: dict[str, dict[str, Any]] = {}  # document name -> its figures, filled as tests run
@@ -83,19 +82,7 @@ def corpus_db(admin_url: str) -> Iterator[Database]:
 
 @pytest.fixture(scope="module")
 def root() -> Path:
-    where = corpus_dir()
-    missing = [doc.name for doc in CORPUS if not doc.path(where).is_file()]
-    if missing:
-        message = (
-            f"the OpenAPI corpus is not installed: {len(missing)} of {len(CORPUS)} documents"
-            f" missing in {where} (first: {missing[0]}). Install it with"
-            " `python -m tests.corpus.install` (./scripts/test and .ci/run do), or set"
-            " TOOLRELAY_CORPUS_OPTIONAL=1 to skip this test"
-        )
-        if OPTIONAL:
-            pytest.skip(message)
-        pytest.fail(message)
-    return where
+    return installed(CORPUS)
 
 
 def _plan(doc: Document, where: Path) -> tuple[dict[str, Any], ImportPlan | None, str | None]:

@@ -16,13 +16,12 @@ unless ``TOOLRELAY_CORPUS_OPTIONAL=1``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Final
 
 import pytest
 
-from tests.corpus import ALL, Document, corpus_dir
+from tests.corpus import ALL, Document, installed
 from tests.corpus.strict import SAMPLED, strict_figures
 from toolrelay.export.openapi import load_openapi, plan_openapi
 
@@ -32,24 +31,11 @@ NAMES: Final = (
     "oas-examples:3.0/json/discriminators.json",
 )
 DOCUMENTS: Final = tuple(doc for doc in ALL if doc.name in NAMES)
-OPTIONAL: Final = os.environ.get("TOOLRELAY_CORPUS_OPTIONAL") == "1"
 
 
 @pytest.fixture(scope="module")
 def root() -> Path:
-    where = corpus_dir()
-    missing = [doc.name for doc in DOCUMENTS if not doc.path(where).is_file()]
-    if missing:
-        message = (
-            f"the OpenAPI corpus is not installed: {len(missing)} of {len(DOCUMENTS)} documents"
-            f" missing in {where} (first: {missing[0]}). Install it with"
-            " `python -m tests.corpus.install` (./scripts/test and .ci/run do), or set"
-            " TOOLRELAY_CORPUS_OPTIONAL=1 to skip this test"
-        )
-        if OPTIONAL:
-            pytest.skip(message)
-        pytest.fail(message)
-    return where
+    return installed(DOCUMENTS)
 
 
 def test_the_documents_are_in_the_corpus() -> None:

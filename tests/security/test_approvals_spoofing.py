@@ -9,10 +9,8 @@ input text cannot produce it. Checked in the served HTML (no browser) and in Chr
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import shutil
 import unicodedata
 import uuid
 from collections.abc import Iterator
@@ -21,10 +19,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.api.conftest import Client, agent_client, client, settings
 from tests.api.servers import serve_app
+from tests.browser import launch
 from toolrelay.api import create_app
 from toolrelay.api.approvals import shown
 from toolrelay.credentials import Keyring, MasterKey
@@ -32,10 +31,6 @@ from toolrelay.db import Database
 from toolrelay.registry.preview import MASK, Part, preview_request
 from toolrelay.tokens import TokenStore
 
-CHROMIUM = os.environ.get("TOOLRELAY_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]  # fmt: skip
 SECRET = "sk-spoof-7f3a91"
 TOOL = "notes.post"
 
@@ -177,20 +172,9 @@ def test_served_html_has_no_raw_hidden_characters_and_one_badge(
 # --- the page in Chromium -----------------------------------------------------------------
 
 
-def chromium() -> str | None:
-    return CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
-
-
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    executable = chromium()
-    if executable is None:
-        pytest.skip(f"Chromium is not installed at {CHROMIUM} (Debian: apt-get install "
-                    "chromium); the spoofing test did NOT run in a browser")  # fmt: skip
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    yield from launch("the spoofing test")
 
 
 def sign_in(page: Page, api: str, token: str) -> None:
