@@ -218,6 +218,7 @@ def test_a_get_s_optional_empty_form_is_still_not_sent() -> None:
         ({"200": ["text/csv"], "204": []}, "text/csv"),
         ({"200": ["application/json", "application/json;stream=watch", "application/yaml"]},
          "application/json"),  # Kubernetes: JSON, not protobuf or a watch stream
+        ({"2XX": ["application/json"]}, "application/json"),  # a range, not a number
         ({"200": ["*/*"]}, None),
         ({"204": []}, None),
         ({"400": ["application/json"]}, None),  # an error's type is not what the call is for

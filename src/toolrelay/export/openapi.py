@@ -59,7 +59,7 @@ from toolrelay.errors import InvalidArgument, TemplateError
 from toolrelay.export.openapi_auth import Auth as _Auth
 from toolrelay.export.openapi_auth import fitting, parse_auth
 from toolrelay.export.openapi_auth import placeable as _placeable
-from toolrelay.export.openapi_body import BODY_MEMBER, accept_header, is_json
+from toolrelay.export.openapi_body import BODY_MEMBER, accept_header, is_json, success_contents
 from toolrelay.export.openapi_body import Skip as _Skip
 from toolrelay.export.openapi_load import deref as _deref
 from toolrelay.export.openapi_load import load_openapi
@@ -401,16 +401,7 @@ class _Importer(RequestMapper):
         return fitting(candidates, self.credential_kind)
 
     def _output(self, op: Mapping[str, Any], warnings: list[str]) -> dict[str, Any]:
-        responses = op.get("responses")
-        if not isinstance(responses, Mapping):
-            return {}
-        for code in sorted(str(c) for c in responses):
-            if not (code.startswith("2") and len(code) == 3):
-                continue
-            response = _deref(self.doc, responses.get(code, responses.get(_int(code))))
-            content = response.get("content") if isinstance(response, Mapping) else None
-            if not isinstance(content, Mapping):
-                continue
+        for content in success_contents(self.doc, op):
             for media_type, media in content.items():
                 media = _deref(self.doc, media)
                 if is_json(str(media_type)) and isinstance(media, Mapping) and "schema" in media:
@@ -443,7 +434,3 @@ def _check(spec: ToolSpec, where: str) -> None:
         )
     except (InvalidArgument, TemplateError) as exc:
         raise InvalidArgument(f"{where} (tool {spec.key}): {exc.message}") from None
-
-
-def _int(code: str) -> int | str:
-    return int(code) if code.isdigit() else code

@@ -19,7 +19,7 @@ is one, else every type they name; nothing when they name none or ``*/*``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from toolrelay.errors import InvalidArgument
@@ -29,7 +29,9 @@ from toolrelay.export.openapi_schemas import Schemas
 if TYPE_CHECKING:
     from toolrelay.export.openapi_request import Input
 
-__all__ = ["BODY_MEMBER", "IDENT", "BodyMapper", "Skip", "accept_header", "is_json"]
+__all__ = [
+    "BODY_MEMBER", "IDENT", "BodyMapper", "Skip", "accept_header", "is_json", "success_contents",
+]  # fmt: skip
 
 BODY_MEMBER: Final = "body"
 JSON: Final = "application/json"
@@ -256,23 +258,32 @@ class BodyMapper:
         return isinstance(target, Mapping) and target.get("readOnly") is True
 
 
+def success_contents(doc: Mapping[str, Any], op: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """The content maps of an operation's 2xx responses, by status code (YAML may key them
+    by integer)."""
+    responses = op.get("responses")
+    if not isinstance(responses, Mapping):
+        return
+    for code in sorted(str(c) for c in responses):
+        if not (code.startswith("2") and len(code) == 3):
+            continue
+        key: int | str = int(code) if code.isdigit() else code  # "2XX" stays text
+        response = _deref(doc, responses.get(code, responses.get(key)))
+        content = response.get("content") if isinstance(response, Mapping) else None
+        if isinstance(content, Mapping):
+            yield content
+
+
 def accept_header(doc: Mapping[str, Any], op: Mapping[str, Any]) -> str | None:
     """``Accept`` for the call: the success responses' JSON media types (parameters left
     out: Kubernetes' ``;stream=watch`` is another resource), else every type they name;
     None when they name none, or any type (``*/*``)."""
-    responses = op.get("responses")
-    if not isinstance(responses, Mapping):
-        return None
-    named: list[str] = []
-    for code in sorted(str(c) for c in responses):
-        if not (code.startswith("2") and len(code) == 3):
-            continue
-        response = _deref(
-            doc, responses.get(code, responses.get(int(code) if code.isdigit() else code))
-        )
-        content = response.get("content") if isinstance(response, Mapping) else None
-        if isinstance(content, Mapping):
-            named += [_base(t) for t in content if isinstance(t, str) and ";" not in t]
+    named = [
+        _base(t)
+        for content in success_contents(doc, op)
+        for t in content
+        if isinstance(t, str) and ";" not in t
+    ]
     if not named or any(t in ANY or "*" in t for t in named):
         return None
     chosen = [t for t in named if is_json(t)] or named
