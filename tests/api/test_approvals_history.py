@@ -126,10 +126,11 @@ def test_detail_shows_the_request_the_attempts_and_who_decided(
         assert "the report" in page and "\\u003cb\\u003ehi" in page  # the input, escaped JSON
         assert "None: nothing was sent." in page
         gone = http.get(f"/approvals/calls/{rejected}").text
-        assert "rejected by owner" in gone and "not &lt;today&gt;" in gone
+        assert '<dd data-part="decision">rejected by owner, ' in gone  # who, not the error text
+        assert "not &lt;today&gt;" in gone
         assert "The request approval sends" not in gone
         ruled = http.get(f"/approvals/calls/{by_rule}").text
-        assert f"approved by policy {rule.name}" in ruled
+        assert f'<dd data-part="decision">approved by policy {rule.name}, ' in ruled
         missing = http.get(f"/approvals/calls/{uuid.uuid4()}")
         assert missing.status_code == 404 and "No such call." in missing.text
     signed_out = httpx.get(f"{api}/approvals/calls/{pending}", follow_redirects=False)

@@ -95,8 +95,8 @@ def test_only_admins_write_rules_and_bad_rules_are_refused(
     registry: Registry, db: Database, bot: Registry
 ) -> None:
     policies = Policies(db)
-    viewer = Members(db).add(registry.owner, "Vic", "approver")
-    as_approver = Caller(owner=registry.owner, member_id=viewer.id)
+    approver = Members(db).add(registry.owner, "Ann", "approver")
+    as_approver = Caller(owner=registry.owner, member_id=approver.id)
     with pytest.raises(PermissionDenied, match="needs the admin role"):
         policies.add(as_approver, "pay.send", "mine", "approve", {})
     with pytest.raises(InvalidArgument, match="action must be approve or reject"):
