@@ -4,6 +4,7 @@ a thread with its own event loop (so sync tests, Playwright's included, can talk
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -21,13 +22,17 @@ STOP_TIMEOUT = 30.0  # seconds for it to stop (the in-process worker drains firs
 
 
 @contextmanager
-def serve_app(app: FastAPI) -> Iterator[str]:
-    """Run ``app`` under uvicorn on 127.0.0.1 (a free port); yields its base URL."""
+def serve_app(app: FastAPI, sock: socket.socket | None = None) -> Iterator[str]:
+    """Run ``app`` under uvicorn on 127.0.0.1 (a free port, or the bound ``sock`` when its
+    address had to be known first); yields its base URL."""
     config = uvicorn.Config(
         app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", access_log=False
     )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    sockets = [sock] if sock is not None else None
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": sockets}, name="uvicorn", daemon=True
+    )
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT
     while not server.started:

@@ -156,7 +156,7 @@ def test_history_and_detail_in_chromium(
     page = browser.new_page(viewport={"width": width, "height": height})
     try:
         page.goto(f"{api}/approvals")
-        page.get_by_label("Owner token").fill(owner.token)
+        page.get_by_label("Token", exact=True).fill(owner.token)
         page.get_by_role("button", name="Sign in").click()
         page.get_by_role("link", name="History", exact=True).click()
         page.get_by_role("link", name="notes.create").first.click()
@@ -205,7 +205,7 @@ def test_bulk_approve_in_chromium_on_a_phone(
     page = browser.new_page(viewport={"width": 390, "height": 844})
     try:
         page.goto(f"{api}/approvals")
-        page.get_by_label("Owner token").fill(owner.token)
+        page.get_by_label("Token", exact=True).fill(owner.token)
         page.get_by_role("button", name="Sign in").click()
         boxes = page.get_by_label('select this request for "Approve selected"')
         boxes.nth(0).check()

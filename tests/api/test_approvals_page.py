@@ -63,7 +63,7 @@ def ask(agent: Client, title: str) -> str:
 def sign_in(page: Page, api: str, token: str) -> None:
     page.goto(f"{api}/approvals")
     expect(page.get_by_role("heading", name="Approvals")).to_be_visible()
-    page.get_by_label("Owner token").fill(token)
+    page.get_by_label("Token", exact=True).fill(token)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("heading", name="Waiting for you")).to_be_visible()
 
@@ -147,7 +147,7 @@ def test_forms_without_the_csrf_token_and_agent_tokens_are_refused(
     context = browser.new_context()
     page = context.new_page()
     page.goto(f"{api}/approvals")
-    page.get_by_label("Owner token").fill(agent.token)
+    page.get_by_label("Token", exact=True).fill(agent.token)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("alert")).to_contain_text("agent token")
     ARTIFACTS.mkdir(exist_ok=True)

@@ -216,6 +216,7 @@ def _owner_only_calls(office: Office) -> dict[str, tuple[str, tuple[Any, ...]]]:
         "fn_revoke_api_token": ("SELECT fn_revoke_api_token(%s)", (office.token,)),
         "fn_add_member": ("SELECT fn_add_member('Eve', 'admin')", ()),
         "fn_set_member_role": ("SELECT fn_set_member_role(%s, 'admin')", (office.registry.owner,)),
+        "fn_set_member_email": ("SELECT fn_set_member_email(%s, 'x@example.test')", (office.registry.owner,)),
         "fn_remove_member": ("SELECT fn_remove_member(%s)", (office.registry.owner,)),
     }  # fmt: skip
 

@@ -179,7 +179,7 @@ def browser() -> Iterator[Browser]:
 
 def sign_in(page: Page, api: str, token: str) -> None:
     page.goto(f"{api}/approvals")
-    page.get_by_label("Owner token").fill(token)
+    page.get_by_label("Token", exact=True).fill(token)
     page.get_by_role("button", name="Sign in").click()
     expect(page.get_by_role("heading", name="Waiting for you")).to_be_visible()
 

@@ -20,6 +20,7 @@ from toolrelay.api import (
     errors,
     operations,
     owner_routes,
+    signin_routes,
 )
 from toolrelay.api.audit_routes import router as audit_router
 from toolrelay.api.context import ApiContext, ApiSettings
@@ -99,6 +100,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(owner_routes.router)
     app.include_router(agent_routes.router)
     app.include_router(approvals.router)
+    app.include_router(signin_routes.router)  # OpenID Connect sign-in (docs/approvals.md)
     app.include_router(approvals_history.router)  # /approvals/history, /approvals/calls/{id}
     app.include_router(webhook_router)  # /v1/webhooks (docs/notifications.md)
     app.include_router(audit_router)  # /v1/audit (docs/audit.md)

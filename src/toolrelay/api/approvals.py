@@ -29,6 +29,7 @@ from markupsafe import Markup, escape
 from toolrelay.api.auth import authenticate
 from toolrelay.api.context import ApiContext, get_context
 from toolrelay.errors import PermissionDenied, ToolrelayError
+from toolrelay.registry.members import Members
 from toolrelay.registry.preview import preview_request
 from toolrelay.tokens import Caller, Unauthenticated, hash_token
 
@@ -235,11 +236,22 @@ def _page(
     context: ApiContext, caller: Caller, request: Request, status: int = 200, **notice: Any
 ) -> HTMLResponse:
     values = _queue_values(context, caller, request)
-    return _html("approvals.html", status, **values, **notice)
+    return _html("approvals.html", status, **values, who=_who(context, caller), **notice)
 
 
-def _signin(status: int = 200, error: str | None = None) -> HTMLResponse:
-    return _html("signin.html", status, error=error)
+def _who(context: ApiContext, caller: Caller) -> str:
+    """Who the page is signed in as, for its bar."""
+    if caller.member_id is None:
+        return "the owner (a tenant token)"
+    member = Members(context.db).get(caller, caller.member_id)
+    return f"{member.name} ({member.role})"
+
+
+def _signin(
+    context: ApiContext, status: int = 200, error: str | None = None, **values: Any
+) -> HTMLResponse:
+    oidc = context.oidc.settings.name if context.oidc else None
+    return _html("signin.html", status, error=error, oidc_name=oidc, **values)
 
 
 # --- routes ----------------------------------------------------------------------------------
@@ -255,7 +267,7 @@ def page(
     caller = _session(request, context)
     if caller is None:
         expired = request.cookies.get(COOKIE) is not None
-        response = _signin(error="Your session ended; sign in again." if expired else None)
+        response = _signin(context, error="Your session ended; sign in again." if expired else None)
         if expired:
             response.delete_cookie(COOKIE, path="/")
         return response
@@ -276,9 +288,11 @@ def sign_in(request: Request, context: Ctx, token: Annotated[str, Form()] = "") 
         _check_form_origin(request)
         caller = authenticate(request, context, token.strip())
     except Unauthenticated as exc:
-        return _signin(401, f"That token was not accepted: {exc.message}")
+        return _signin(context, 401, f"That token was not accepted: {exc.message}")
     if caller.is_agent:
-        return _signin(403, "That is an agent token. Agents cannot approve; use an owner token.")
+        return _signin(
+            context, 403, "That is an agent token. Agents cannot approve; use an owner token."
+        )
     response = RedirectResponse("/approvals", status_code=303)
     response.set_cookie(
         COOKIE,
@@ -295,6 +309,9 @@ def sign_in(request: Request, context: Ctx, token: Annotated[str, Form()] = "") 
 @router.post("/approvals/signout")
 def sign_out(request: Request, context: Ctx, csrf: Annotated[str, Form()] = "") -> Response:
     _check_csrf(context, request, csrf)
+    token = request.cookies.get(COOKIE)
+    if token:
+        context.signins.sign_out(token)  # a signed-in session's token ends; a pasted one stays
     response = RedirectResponse("/approvals", status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response

@@ -19,6 +19,7 @@ from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.outcomes import Outcomes
 from toolrelay.dispatch.worker import WorkerSettings
 from toolrelay.registry import Registry
+from toolrelay.signin import OidcClient, OidcSettings, SignIns
 from toolrelay.tokens import Authenticator, Caller, TokenStore
 
 DB_TIMEOUT = 1.5  # seconds a request waits for a database connection before 503
@@ -39,6 +40,8 @@ class ApiSettings:
     rate_burst: int = DEFAULT_BURST
     # seconds between reads of a waited-on call while nobody listens; None: the environment
     wait_poll_seconds: float | None = None
+    # people's sign-in through OpenID Connect (docs/approvals.md); None: tokens only
+    oidc: OidcSettings | None = field(default_factory=OidcSettings.from_env)
 
 
 @dataclass
@@ -50,6 +53,8 @@ class ApiContext:
     tokens: TokenStore
     limiter: RateLimiter
     outcomes: Outcomes
+    signins: SignIns
+    oidc: OidcClient | None = None
     csrf_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     @classmethod
@@ -67,6 +72,10 @@ class ApiContext:
             tokens=authenticator.tokens,
             limiter=RateLimiter(settings.rate_per_second, settings.rate_burst),
             outcomes=Outcomes(listen, settings.wait_poll_seconds),
+            signins=SignIns(db),
+            oidc=OidcClient.for_page(settings.oidc)
+            if settings.oidc and settings.oidc.client_id
+            else None,
         )
 
     def registry(self, caller: Caller) -> Registry:
