@@ -105,3 +105,47 @@ def test_the_member_cli(cli_owner: uuid.UUID, db: Database) -> None:
     assert removed.stdout.strip() == f"removed member {ann}"
     tokens = json.loads(runner.invoke(cli, ["token", "list", "-o", "json"]).stdout)["items"]
     assert {t["kind"] for t in tokens} == {"member"} and all(t["revoked_at"] for t in tokens)
+
+
+def test_a_new_email_unbinds_the_members_sign_in(
+    make_owner: Callable[[], Client], api: str, db: Database, cli_owner: uuid.UUID
+) -> None:
+    """Changing who signs in as a member: the email changes and the subject bound by the
+    last sign-in is cleared (the next verified sign-in with the new address binds anew);
+    only an admin may; nothing changes on a refused or empty request."""
+    tenant = make_owner()
+    made = tenant.post("/v1/members", json={"name": "Ann", "role": "approver",
+                                            "email": "ann@old.example"}).json()  # fmt: skip
+    ann = client(api, made["token"], tenant.owner)
+
+    def bound() -> dict[str, object]:
+        with db.as_dispatcher() as conn:
+            conn.execute("SELECT agents.fn_oidc_bind(%s, 'https://idp.example', 'sub-ann')",
+                         (made["id"],))  # fmt: skip
+            row = conn.execute("SELECT email, oidc_subject FROM agents.members WHERE id = %s",
+                               (made["id"],)).fetchone()  # fmt: skip
+        assert row is not None
+        return dict(row)
+
+    assert bound() == {"email": "ann@old.example", "oidc_subject": "sub-ann"}
+    refused = ann.patch(f"/v1/members/{made['id']}", json={"email": "ann@mine.example"})
+    assert error_of(refused) == (403, "permission_denied")
+    assert error_of(tenant.patch(f"/v1/members/{made['id']}", json={}))[0] == 422
+    changed = tenant.patch(f"/v1/members/{made['id']}", json={"email": "ann@new.example"})
+    assert changed.status_code == 200, changed.text
+    assert (changed.json()["email"], changed.json()["role"]) == ("ann@new.example", "approver")
+    with db.as_dispatcher() as conn:
+        row = conn.execute("SELECT oidc_subject, oidc_issuer FROM agents.members WHERE id = %s",
+                           (made["id"],)).fetchone()  # fmt: skip
+    assert row == {"oidc_subject": None, "oidc_issuer": None}
+
+    # the CLI's `member email`, as the tenant the CLI acts as
+    added = runner.invoke(
+        cli, ["member", "add", "Bo", "--role", "viewer", "--email", "bo@a.example"]
+    )
+    assert added.exit_code == 0, added.output
+    listed = json.loads(runner.invoke(cli, ["member", "list", "-o", "json"]).output)
+    [member] = [m for m in listed["items"] if m["name"] == "Bo"]
+    done = runner.invoke(cli, ["member", "email", member["id"], "bo@b.example", "-o", "json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["email"] == "bo@b.example"

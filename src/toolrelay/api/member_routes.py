@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from toolrelay.api.auth import owner_caller
 from toolrelay.api.context import ApiContext, get_context
 from toolrelay.api.errors import BODY, SPLIT, error_responses
+from toolrelay.errors import InvalidArgument
 from toolrelay.registry.members import Member, Members
 from toolrelay.tokens import Caller
 
@@ -30,9 +31,14 @@ class MemberIn(BaseModel):
     email: str | None = Field(None, max_length=320)
 
 
-class MemberRole(BaseModel):
+class MemberChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Role
+    role: Role | None = None
+    email: str | None = Field(
+        None,
+        max_length=320,
+        description="A new email (null: none); the member's sign-in binds anew with it.",
+    )
 
 
 class MemberOut(BaseModel):
@@ -89,10 +95,15 @@ def add_member(body: MemberIn, context: Ctx, caller: Owner) -> MemberInvited:
     operation_id="setMemberRole",
     responses=error_responses(*SPLIT, *BODY, 404, 409),
     tags=["members"],
-    summary="Change a member's role (an admin; one admin always remains)",
+    summary="Change a member's role or email (an admin; one admin always remains)",
 )
-def set_member_role(member_id: UUID, body: MemberRole, context: Ctx, caller: Owner) -> MemberOut:
-    return _out(Members(context.db).set_role(caller, member_id, body.role))
+def set_member_role(member_id: UUID, body: MemberChange, context: Ctx, caller: Owner) -> MemberOut:
+    if not body.model_fields_set:
+        raise InvalidArgument("give the member's new role or email")
+    changed = Members(context.db).change(
+        caller, member_id, body.role, body.email, set_email="email" in body.model_fields_set
+    )
+    return _out(changed)
 
 
 @router.delete(

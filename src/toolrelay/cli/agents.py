@@ -8,7 +8,7 @@ from enum import StrEnum
 
 import typer
 
-from toolrelay.cli.context import console, fail
+from toolrelay.cli.context import console, fail, registry
 from toolrelay.cli.render import (
     AGENT,
     INVOCATION,
@@ -18,7 +18,7 @@ from toolrelay.cli.render import (
     listing,
     output_option,
 )
-from toolrelay.cli.tools import parse_json, registry
+from toolrelay.cli.tools import parse_json
 from toolrelay.errors import InvalidArgument, ToolrelayError
 from toolrelay.registry.pages import invocation_page
 

@@ -10,9 +10,8 @@ from typing import Any
 import typer
 
 from toolrelay.cli.agents import parse_since
-from toolrelay.cli.context import fail
+from toolrelay.cli.context import fail, registry
 from toolrelay.cli.render import Output, listing, output_option, shape
-from toolrelay.cli.tools import registry
 from toolrelay.errors import ToolrelayError
 from toolrelay.registry.audit import AUDIT_KINDS, AUDIT_PAGE_MOST, DEFAULT_AUDIT_LIMIT, audit_page
 

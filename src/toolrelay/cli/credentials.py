@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from toolrelay import config
-from toolrelay.cli.context import console, database, err_console, fail, owner_id
+from toolrelay.cli.context import acting, console, database, err_console, fail
 from toolrelay.cli.render import CREDENTIAL, Output, listing, output_option
 from toolrelay.credentials import (
     CredentialStore,
@@ -80,7 +80,7 @@ def add(
     """Add a credential; the secret is read from stdin. Prints the new id."""
     try:
         store = _store(with_keys=True)
-        new_id = store.add(owner_id(), kind.value, name, _read_secret(kind.value), host)
+        new_id = store.add(acting(), kind.value, name, _read_secret(kind.value), host)
     except ToolrelayError as exc:
         raise fail(exc) from None
     typer.echo(str(new_id))
@@ -90,7 +90,7 @@ def add(
 def list_(output: Output = output_option()) -> None:
     """List your credentials (metadata only)."""
     try:
-        infos = _store().list(owner_id())
+        infos = _store().list(acting())
     except ToolrelayError as exc:
         raise fail(exc) from None
     listing(
@@ -108,8 +108,8 @@ def rotate(credential_id: str = typer.Argument(..., metavar="ID")) -> None:
     try:
         ident = _uuid(credential_id)
         store = _store(with_keys=True)
-        info = store.get(owner_id(), ident)
-        store.rotate(owner_id(), ident, _read_secret(info.kind))
+        info = store.get(acting(), ident)
+        store.rotate(acting(), ident, _read_secret(info.kind))
     except ToolrelayError as exc:
         raise fail(exc) from None
     err_console.print(f"rotated {ident}", highlight=False)
@@ -122,7 +122,7 @@ def hosts(
 ) -> None:
     """Replace the hosts a credential may be sent to."""
     try:
-        _store().set_hosts(owner_id(), _uuid(credential_id), host)
+        _store().set_hosts(acting(), _uuid(credential_id), host)
     except ToolrelayError as exc:
         raise fail(exc) from None
 
@@ -134,7 +134,7 @@ def delete(
 ) -> None:
     """Delete a credential (refused while tools use it, unless --force)."""
     try:
-        unbound = _store().delete(owner_id(), _uuid(credential_id), force=force)
+        unbound = _store().delete(acting(), _uuid(credential_id), force=force)
     except ToolrelayError as exc:
         raise fail(exc) from None
     if unbound:

@@ -11,7 +11,8 @@ import psycopg
 import typer
 import yaml
 
-from toolrelay.cli.context import database, err_console, fail, owner_id
+from toolrelay.cli.context import acting, database, err_console, fail
+from toolrelay.cli.context import registry as context_registry
 from toolrelay.credentials import CredentialStore
 from toolrelay.errors import ConfigurationError, InvalidArgument, NotFound, ToolrelayError
 from toolrelay.export.openapi import load_openapi, tools_from_openapi
@@ -24,7 +25,7 @@ import_app = typer.Typer(help="Import tools from API descriptions.", no_args_is_
 
 
 def _registry() -> Registry:
-    return Registry(database(), owner_id())
+    return context_registry()
 
 
 def _note(text: str) -> None:
@@ -161,7 +162,7 @@ def _credential_kind(credential_ref: UUID | None) -> str | None:
     if credential_ref is None:
         return None
     try:
-        return CredentialStore(database()).get(owner_id(), credential_ref).kind
+        return CredentialStore(database()).get(acting(), credential_ref).kind
     except NotFound:
         return None
 

@@ -10,7 +10,7 @@ import psycopg
 import typer
 from typer.core import TyperGroup
 
-from toolrelay.cli import agents
+from toolrelay.cli import agents, login
 from toolrelay.cli.agents import agent_app, invocations_app
 from toolrelay.cli.audit import audit
 from toolrelay.cli.chaos import chaos
@@ -113,6 +113,9 @@ for command in (
     prune,
     chaos,
     audit,
+    login.login,
+    login.logout,
+    login.whoami,
 ):
     app.command()(command)
 

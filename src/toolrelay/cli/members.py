@@ -12,7 +12,7 @@ from uuid import UUID
 
 import typer
 
-from toolrelay.cli.context import database, err_console, fail, owner_id
+from toolrelay.cli.context import acting, database, err_console, fail
 from toolrelay.cli.render import MEMBER, Output, detail, listing, output_option
 from toolrelay.errors import ToolrelayError
 from toolrelay.registry.members import ROLES, Members
@@ -29,7 +29,7 @@ def add(
 ) -> None:
     """Add a member; prints their token alone on stdout (shown once: hand it over now)."""
     try:
-        member, token = Members(database()).invite(owner_id(), name, role, email)
+        member, token = Members(database()).invite(acting(), name, role, email)
     except ToolrelayError as exc:
         raise fail(exc) from None
     err_console.print(f"added member {member.id} ({member.name}, {member.role})",
@@ -44,7 +44,7 @@ def list_(
 ) -> None:
     """List the members and their roles."""
     try:
-        members = Members(database()).list(owner_id(), include_removed=removed)
+        members = Members(database()).list(acting(), include_removed=removed)
     except ToolrelayError as exc:
         raise fail(exc) from None
     listing(MEMBER, [asdict(m) for m in members],
@@ -60,7 +60,21 @@ def role(
 ) -> None:
     """Change a member's role (one admin always remains)."""
     try:
-        changed = Members(database()).set_role(owner_id(), member, new_role)
+        changed = Members(database()).set_role(acting(), member, new_role)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    detail(MEMBER, asdict(changed), output)
+
+
+@member_app.command()
+def email(
+    member: UUID = typer.Argument(..., help="The member's id."),
+    address: str = typer.Argument(..., metavar="EMAIL", help="The new email ('' for none)."),
+    output: Output = output_option(),
+) -> None:
+    """Change who signs in as a member: a new email, their sign-in bound anew with it."""
+    try:
+        changed = Members(database()).change(acting(), member, email=address, set_email=True)
     except ToolrelayError as exc:
         raise fail(exc) from None
     detail(MEMBER, asdict(changed), output)
@@ -70,7 +84,7 @@ def role(
 def remove(member: UUID = typer.Argument(..., help="The member's id.")) -> None:
     """Remove a member and revoke their tokens (one admin always remains)."""
     try:
-        done = Members(database()).remove(owner_id(), member)
+        done = Members(database()).remove(acting(), member)
     except ToolrelayError as exc:
         raise fail(exc) from None
     typer.echo(f"removed member {member}" if done else f"member {member} was removed already")

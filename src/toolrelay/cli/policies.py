@@ -10,7 +10,7 @@ from uuid import UUID
 
 import typer
 
-from toolrelay.cli.context import database, fail, owner_id
+from toolrelay.cli.context import acting, database, fail
 from toolrelay.cli.render import POLICY, Output, detail, listing, output_option
 from toolrelay.errors import InvalidArgument, ToolrelayError
 from toolrelay.registry.policies import Policies
@@ -47,7 +47,7 @@ def add(
             raise InvalidArgument("give exactly one of --approve-if and --reject-if")
         action, text = ("approve", approve_if) if approve_if is not None else ("reject", reject_if)
         assert text is not None
-        made = Policies(database()).add(owner_id(), tool, name, action, _schema(text))
+        made = Policies(database()).add(acting(), tool, name, action, _schema(text))
     except (ToolrelayError, OSError) as exc:
         raise fail(exc if isinstance(exc, ToolrelayError) else InvalidArgument(str(exc))) from None
     detail(POLICY, asdict(made), output)
@@ -60,7 +60,7 @@ def list_(
 ) -> None:
     """List the rules."""
     try:
-        found = Policies(database()).list(owner_id(), tool)
+        found = Policies(database()).list(acting(), tool)
     except ToolrelayError as exc:
         raise fail(exc) from None
     listing(POLICY, [asdict(p) for p in found],
@@ -71,7 +71,7 @@ def list_(
 def remove(policy: UUID = typer.Argument(..., help="The rule's id.")) -> None:
     """Remove a rule (an admin)."""
     try:
-        Policies(database()).remove(owner_id(), policy)
+        Policies(database()).remove(acting(), policy)
     except ToolrelayError as exc:
         raise fail(exc) from None
     typer.echo(f"removed policy {policy}")

@@ -8,10 +8,9 @@ from uuid import UUID
 
 import typer
 
-from toolrelay.cli.context import console, database, fail, owner_id
+from toolrelay.cli.context import acting, console, database, fail, registry
 from toolrelay.cli.render import TOKEN, Output, listing, output_option
 from toolrelay.errors import InvalidArgument, ToolrelayError
-from toolrelay.registry import Registry
 from toolrelay.tokens import TokenStore
 
 token_app = typer.Typer(help="Make, list and revoke API tokens.", no_args_is_help=True)
@@ -31,8 +30,8 @@ def create(
     try:
         if [owner, agent is not None, member is not None].count(True) != 1:
             raise InvalidArgument("give exactly one of --owner, --agent ID and --member ID")
-        me = owner_id()
-        agent_id = Registry(database(), me).get_agent(agent)["id"] if agent else None
+        me = acting()
+        agent_id = registry().get_agent(agent)["id"] if agent else None
         expires = datetime.now(UTC) + timedelta(days=expires_days) if expires_days else None
         _, token = TokenStore(database()).create(me, agent_id, name, expires, member_id=member)
     except ToolrelayError as exc:
@@ -44,9 +43,9 @@ def create(
 def list_(output: Output = output_option()) -> None:
     """List your tokens (never the tokens themselves), with the agent each acts as."""
     try:
-        me = owner_id()
+        me = acting()
         infos = TokenStore(database()).list(me)
-        names = {a["id"]: a["name"] for a in Registry(database(), me).list_agents()}
+        names = {a["id"]: a["name"] for a in registry().list_agents()}
     except ToolrelayError as exc:
         raise fail(exc) from None
     rows = [
@@ -70,7 +69,7 @@ def revoke(token_id: str = typer.Argument(..., metavar="ID")) -> None:
             ident = UUID(token_id)
         except ValueError:
             raise InvalidArgument(f"not a token id (uuid): {token_id!r}") from None
-        done = TokenStore(database()).revoke(owner_id(), ident)
+        done = TokenStore(database()).revoke(acting(), ident)
     except ToolrelayError as exc:
         raise fail(exc) from None
     console.print(f"revoked {ident}" if done else f"{ident} was already revoked", markup=False)

@@ -9,16 +9,12 @@ from typing import Any
 import typer
 import yaml
 
-from toolrelay.cli.context import console, database, fail, owner_id
+from toolrelay.cli.context import console, fail, registry
 from toolrelay.cli.render import TOOL, Output, detail, listing, output_option
 from toolrelay.errors import InvalidArgument, ToolrelayError
-from toolrelay.registry import Registry, ToolSpec
+from toolrelay.registry import ToolSpec
 
 tool_app = typer.Typer(help="Register and manage tools.", no_args_is_help=True)
-
-
-def registry() -> Registry:
-    return Registry(database(), owner_id())
 
 
 def parse_json(option: str, text: str | None) -> Any:

@@ -7,7 +7,7 @@ from enum import StrEnum
 import typer
 
 from toolrelay import config
-from toolrelay.cli.context import console, database, err_console, fail, owner_id
+from toolrelay.cli.context import acting, console, database, err_console, fail
 from toolrelay.cli.render import Output, detail, listing, output_option, shape
 from toolrelay.credentials import load_keyring
 from toolrelay.errors import ToolrelayError
@@ -65,7 +65,7 @@ def _webhooks(with_keys: bool = False) -> Webhooks:
     keyring = (
         load_keyring(db, embedded=config.database_url_from_env() is None) if with_keys else None
     )
-    return Webhooks(db, owner_id(), keyring)
+    return Webhooks(db, acting(), keyring)
 
 
 def _secret_shown_once(action: str, row: dict[str, object], secret: str) -> None:

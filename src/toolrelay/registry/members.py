@@ -89,9 +89,25 @@ class Members:
         return Member(**added)
 
     def set_role(self, who: Acting, member_id: UUID, role: str) -> Member:
-        _check_role(role)
+        return self.change(who, member_id, role=role)
+
+    def change(
+        self,
+        who: Acting,
+        member_id: UUID,
+        role: str | None = None,
+        email: str | None = None,
+        set_email: bool = False,
+    ) -> Member:
+        """A new role and/or email (None with ``set_email``: none) in one transaction. A new
+        email unbinds the member's sign-in: the next verified sign-in with it binds anew."""
+        if role is not None:
+            _check_role(role)
         with self._as(who) as conn:
-            conn.execute("SELECT fn_set_member_role(%s, %s)", (member_id, role))
+            if role is not None:
+                conn.execute("SELECT fn_set_member_role(%s, %s)", (member_id, role))
+            if set_email:
+                conn.execute("SELECT fn_set_member_email(%s, %s)", (member_id, email))
         return self.get(who, member_id)
 
     def remove(self, who: Acting, member_id: UUID) -> bool:

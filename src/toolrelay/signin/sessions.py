@@ -146,8 +146,8 @@ class SignIns:
 def _nobody(who: Identity) -> str:
     if who.email and not who.email_verified:
         return (
-            f"the provider has not verified {who.email}, so it cannot name a member; ask an admin"
-            " to add you by subject (`toolrelay member add NAME --oidc-subject SUB`)"
+            f"the provider has not verified {who.email}, so it cannot name a member: verify"
+            " the address at the provider, then sign in again"
         )
     if who.email:
         return (
