@@ -191,7 +191,7 @@ class OidcClient:
         self.client_id = client_id
         self._secret = secret
         self._metadata: tuple[float, Metadata] | None = None
-        self._keys: dict[str, jwt.PyJWK] = {}
+        self._keys: dict[str, dict[str, Any]] = {}  # kid -> the JWK, as the provider lists it
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -215,7 +215,7 @@ class OidcClient:
         self._metadata = (now, meta)
         return meta
 
-    async def _key(self, meta: Metadata, kid: str | None) -> jwt.PyJWK:
+    async def _key(self, meta: Metadata, kid: str | None) -> dict[str, Any]:
         found = self._pick(kid)
         if found is None:  # unknown kid: the provider may have rotated its keys
             async with self._lock:
@@ -228,7 +228,7 @@ class OidcClient:
             )
         return found
 
-    def _pick(self, kid: str | None) -> jwt.PyJWK | None:
+    def _pick(self, kid: str | None) -> dict[str, Any] | None:
         if kid is not None:
             return self._keys.get(kid)
         return next(iter(self._keys.values())) if len(self._keys) == 1 else None
@@ -303,10 +303,13 @@ class OidcClient:
         except jwt.PyJWTError as exc:
             raise SignInError(f"the ID token is malformed: {exc}") from None
         alg = header.get("alg")
-        if alg not in meta.algorithms:
+        if not isinstance(alg, str) or alg not in meta.algorithms:
             raise SignInError(f"the ID token is signed with {alg!r}, which is not accepted")
-        key = await self._key(meta, header.get("kid"))
+        jwk = await self._key(meta, header.get("kid"))
         try:
+            # A JWK's "alg" is optional (RFC 7517 4.4): without one, the key is for the
+            # header's algorithm if its type fits (an RSA key is not assumed RS256 only).
+            key = jwt.PyJWK(jwk, algorithm=jwk.get("alg") or alg)
             claims: dict[str, Any] = jwt.decode(
                 id_token,
                 key,
@@ -322,7 +325,7 @@ class OidcClient:
         if isinstance(audience, list) and len(audience) > 1 and claims.get("azp") != self.client_id:
             raise SignInError("the ID token was issued to another client (azp)")
         if not isinstance(claims.get("nonce"), str) or not secrets.compare_digest(
-            claims["nonce"], nonce
+            claims["nonce"].encode(), nonce.encode()
         ):
             raise SignInError("the ID token's nonce does not match this sign-in (a replay?)")
         if claims["iat"] < time.time() - ID_TOKEN_MAX_AGE_S - ID_TOKEN_LEEWAY_S:
@@ -354,18 +357,18 @@ def merge_userinfo(who: Identity, info: Any) -> Identity:
     )
 
 
-def _keys_of(doc: Any) -> dict[str, jwt.PyJWK]:
+def _keys_of(doc: Any) -> dict[str, dict[str, Any]]:
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
         raise SignInError("the provider's JWKS is not a key set")
-    keys: dict[str, jwt.PyJWK] = {}
+    keys: dict[str, dict[str, Any]] = {}
     for index, entry in enumerate(doc["keys"]):
         if not isinstance(entry, dict) or entry.get("use", "sig") != "sig":
             continue
         try:
-            key = jwt.PyJWK(entry)
-        except jwt.PyJWTError:
+            jwt.PyJWK(entry)
+        except (jwt.PyJWTError, NotImplementedError, TypeError):  # "alg": "none", a list
             continue  # a key type this library does not know is not one we can use
-        keys[str(entry.get("kid", f"#{index}"))] = key
+        keys[str(entry.get("kid", f"#{index}"))] = entry
     return keys
 
 
@@ -390,7 +393,10 @@ async def _request(
             aiohttp.ClientSession(timeout=timeout) as session,
             session.request(method, url, allow_redirects=False, headers=sent, **kwargs) as response,
         ):
-            body = await response.content.read(MAX_RESPONSE_BYTES + 1)
+            try:  # read() alone returns what has arrived so far: one piece of a larger body
+                body = await response.content.readexactly(MAX_RESPONSE_BYTES + 1)
+            except asyncio.IncompleteReadError as short:
+                body = short.partial  # the whole body, under the limit
             status = response.status
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise SignInError(

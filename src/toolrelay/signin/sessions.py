@@ -103,13 +103,14 @@ class SignIns:
                 f"you are a member of {len(matches)} organizations here: choose one", matches
             )
         match = matches[0]
-        if not match.bound:
-            [row] = self._run(
-                "SELECT agents.fn_oidc_bind(%s, %s, %s) AS bound",
-                (match.member_id, who.issuer, who.subject),
-            )
-            if not row["bound"]:
-                raise SignInError("this member was bound to another sign-in meanwhile")
+        # Always: a member an admin added by subject alone is bound, but to no issuer yet;
+        # this records it (and, for a member bound to both, changes nothing).
+        [row] = self._run(
+            "SELECT agents.fn_oidc_bind(%s, %s, %s) AS bound",
+            (match.member_id, who.issuer, who.subject),
+        )
+        if not row["bound"]:
+            raise SignInError("this member was bound to another sign-in meanwhile")
         token = new_token()
         ttl = PAGE_SESSION_S if session == "page" else CLI_SESSION_S
         [made] = self._run(
