@@ -220,7 +220,7 @@ class OidcClient:
         if found is None:  # unknown kid: the provider may have rotated its keys
             async with self._lock:
                 doc = await _get_json(meta.jwks_uri, "signing keys (JWKS)")
-                self._keys = _keys_of(doc)
+                self._keys = key_set(doc)
             found = self._pick(kid)
         if found is None:
             raise SignInError(
@@ -289,7 +289,7 @@ class OidcClient:
         access = tokens.get("access_token")
         if who.email is None and meta.userinfo_endpoint and isinstance(access, str):
             # Many providers put the scope's claims in userinfo only (OIDC Core 5.4).
-            info = await _request(
+            info = await fetch_json(
                 "GET", meta.userinfo_endpoint, "userinfo endpoint",
                 headers={"Authorization": f"Bearer {access}"},
             )  # fmt: skip
@@ -357,7 +357,7 @@ def merge_userinfo(who: Identity, info: Any) -> Identity:
     )
 
 
-def _keys_of(doc: Any) -> dict[str, dict[str, Any]]:
+def key_set(doc: Any) -> dict[str, dict[str, Any]]:
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
         raise SignInError("the provider's JWKS is not a key set")
     keys: dict[str, dict[str, Any]] = {}
@@ -373,17 +373,17 @@ def _keys_of(doc: Any) -> dict[str, dict[str, Any]]:
 
 
 async def _get_json(url: str, what: str) -> Any:
-    return await _request("GET", url, what)
+    return await fetch_json("GET", url, what)
 
 
 async def _post_form(url: str, form: dict[str, str], headers: dict[str, str]) -> Any:
-    doc = await _request("POST", url, "token endpoint", data=form, headers=headers)
+    doc = await fetch_json("POST", url, "token endpoint", data=form, headers=headers)
     if not isinstance(doc, dict):
         raise SignInError("the provider's token response is not a JSON object")
     return doc
 
 
-async def _request(
+async def fetch_json(
     method: str, url: str, what: str, headers: dict[str, str] | None = None, **kwargs: Any
 ) -> Any:
     timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
