@@ -102,7 +102,7 @@ def sign_in_at_provider(browser: Browser, url: str, login: str) -> None:
     page.locator('input[name="password"]').fill("any password")
     page.get_by_role("button", name="Sign-in").click()
     page.get_by_role("button", name="Continue").click()
-    expect(page.get_by_text("Signed in.")).to_be_visible()
+    expect(page.get_by_text("Done.")).to_be_visible()
     page.context.close()
 
 

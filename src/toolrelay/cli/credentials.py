@@ -178,3 +178,8 @@ def keygen(key_id: str = typer.Option("default", "--id", help="The new key's id.
         typer.echo(generate_master_key(key_id))
     except ToolrelayError as exc:
         raise fail(exc) from None
+
+
+from toolrelay.cli.connect import connect  # noqa: E402  (it reads this module's keyring)
+
+credential_app.command()(connect)

@@ -18,7 +18,13 @@ from uuid import UUID
 import psycopg
 
 from toolrelay.credentials import crypto
-from toolrelay.credentials.formats import KINDS, encode_secret, parse_secret
+from toolrelay.credentials.formats import (
+    KINDS,
+    OAuthSecret,
+    decode_secret,
+    encode_secret,
+    parse_secret,
+)
 from toolrelay.credentials.hosts import normalize_host_entry
 from toolrelay.credentials.keys import Keyring
 from toolrelay.db import Database, translate_db_error
@@ -134,6 +140,28 @@ class CredentialStore:
                 ),
             )
         log.info("credential %s rotated", credential_id)
+
+    def oauth_client(self, who: Acting, credential_id: UUID) -> OAuthSecret:
+        """The OAuth client an ``oauth`` credential was made with (id, secret, token URL,
+        scope), for reconnecting it: found as ``who`` (theirs, or NotFound), read as the
+        dispatcher (owners never read ciphertext), and never returned past this process."""
+        with self._as_owner(who) as conn:
+            row = _owned(conn, credential_id, "id, kind")
+        if row["kind"] != "oauth":
+            raise InvalidArgument(f"credential {credential_id} is {row['kind']}, not oauth")
+        with _translated(), self._db.as_dispatcher() as conn:
+            full = conn.execute(
+                "SELECT id, owner, kind, key_id, wrapped_key, nonce, ciphertext"
+                " FROM agents.credentials WHERE id = %s",
+                (credential_id,),
+            ).fetchone()
+        assert full is not None
+        env = crypto.Envelope(full["key_id"], bytes(full["wrapped_key"]), bytes(full["nonce"]),
+                              bytes(full["ciphertext"]))  # fmt: skip
+        ident = crypto.CredentialIdentity(full["id"], full["owner"], full["kind"])
+        secret = decode_secret("oauth", crypto.unseal(self._require_keyring(), ident, env))
+        assert isinstance(secret, OAuthSecret)
+        return secret
 
     def set_hosts(self, owner: Acting, credential_id: UUID, hosts: Iterable[str]) -> None:
         """Replace the hosts the credential may be sent to (empty: bind on first tool)."""

@@ -33,6 +33,8 @@ class TokenResponse:
     access_token: str = field(repr=False)
     expires_in: float | None
     refresh_token: str | None = field(repr=False)
+    scope: str | None = None  # what was granted, when the server says
+    id_token: str | None = field(default=None, repr=False)  # OpenID Connect
 
 
 class TokenRejected(CredentialError):
@@ -117,6 +119,9 @@ def _oauth_error(data: Any) -> str | None:
 def _token_response(data: Any, where: str) -> TokenResponse:
     if not isinstance(data, dict):
         raise CredentialError(f"token endpoint {where}: the answer is not a JSON object")
+    if data.get("ok") is False:  # Slack: errors come with HTTP 200
+        code = _oauth_error(data)
+        raise TokenRejected(f"token endpoint {where} refused: {code or 'ok: false'}", code)
     access = data.get("access_token")
     if not isinstance(access, str) or not access:
         raise CredentialError(f"token endpoint {where}: the answer has no access_token")
@@ -126,6 +131,11 @@ def _token_response(data: Any, where: str) -> TokenResponse:
     if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
         expires_in = None
     refresh = data.get("refresh_token")
+    scope, id_token = data.get("scope"), data.get("id_token")
     return TokenResponse(
-        access, expires_in, refresh if isinstance(refresh, str) and refresh else None
+        access,
+        expires_in,
+        refresh if isinstance(refresh, str) and refresh else None,
+        scope if isinstance(scope, str) and scope else None,
+        id_token if isinstance(id_token, str) and id_token else None,
     )

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from aiohttp import web
 
-from toolrelay.signin.oidc import Identity, OidcClient, SignInError
+from toolrelay.signin.oidc import Identity, OidcClient, SignInError, Started
 
 Show = Callable[[str], None]  # shows the person where to sign in
 CALLBACK_PATH: Final = "/callback"
@@ -24,9 +24,12 @@ DONE_PAGE: Final = (
 )
 
 
-async def sign_in(client: OidcClient, show: Show, timeout: float) -> Identity:
-    """Send the person to the provider (``show`` gets the URL), wait for its answer on
-    127.0.0.1, exchange the code; SignInError saying why it did not complete."""
+async def receive(
+    start: Callable[[str], Awaitable[tuple[str, str]]], show: Show, timeout: float
+) -> tuple[dict[str, str], str]:
+    """Listen on 127.0.0.1, ``start(redirect_uri)`` → (the URL to send the person to, its
+    state), show the URL, and wait for the redirect carrying that state: its query
+    parameters and the redirect URI. SignInError when none comes within ``timeout``."""
     answer: asyncio.Future[dict[str, str]] = asyncio.get_running_loop().create_future()
     expected: list[str] = []
 
@@ -37,7 +40,7 @@ async def sign_in(client: OidcClient, show: Show, timeout: float) -> Identity:
             return web.Response(status=400, text="not this sign-in")
         if not answer.done():
             answer.set_result(params)
-        said = "Sign-in refused by the provider." if "error" in params else "Signed in."
+        said = "Refused by the provider." if "error" in params else "Done."
         return web.Response(text=DONE_PAGE.format(said), content_type="text/html")
 
     app = web.Application()
@@ -49,22 +52,43 @@ async def sign_in(client: OidcClient, show: Show, timeout: float) -> Identity:
     try:
         port = runner.addresses[0][1]
         redirect = f"http://127.0.0.1:{port}{CALLBACK_PATH}"
-        started = await client.start(redirect)
-        expected.append(started.state)
-        show(started.url)
+        url, state = await start(redirect)
+        expected.append(state)
+        show(url)
         try:
-            params = await asyncio.wait_for(answer, timeout)
+            return await asyncio.wait_for(answer, timeout), redirect
         except TimeoutError:
             raise SignInError(f"no answer from the provider within {timeout:g} s") from None
     finally:
         await runner.cleanup()
+
+
+def provider_error(params: dict[str, str]) -> str | None:
+    """The provider's error in a redirect (``error: description``), None without one."""
+    if "error" not in params:
+        return None
+    said = params["error"]
+    if params.get("error_description"):
+        said += f": {params['error_description']}"
+    return said[:300]
+
+
+async def sign_in(client: OidcClient, show: Show, timeout: float) -> Identity:
+    """Send the person to the provider (``show`` gets the URL), wait for its answer on
+    127.0.0.1, exchange the code; SignInError saying why it did not complete."""
+    started: list[Started] = []
+
+    async def begin(redirect: str) -> tuple[str, str]:
+        started.append(await client.start(redirect))
+        return started[0].url, started[0].state
+
+    params, redirect = await receive(begin, show, timeout)
     meta = await client.metadata()
     client.check_response_issuer(meta, params.get("iss"))
-    if "error" in params:
-        said = params["error"]
-        if params.get("error_description"):
-            said += f": {params['error_description']}"
-        raise SignInError(f"the provider said {said[:300]}")
+    said = provider_error(params)
+    if said is not None:
+        raise SignInError(f"the provider said {said}")
     if not params.get("code"):
         raise SignInError("the provider's answer carries no code")
-    return await client.finish(params["code"], redirect, started.code_verifier, started.nonce)
+    flow = started[0]
+    return await client.finish(params["code"], redirect, flow.code_verifier, flow.nonce)
