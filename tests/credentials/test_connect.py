@@ -28,6 +28,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
 from tests.api.servers import LoopThread, threaded_upstream
 from tests.browser import launch
+from tests.credentials.conftest import _scratch_database
 from tests.dispatch.conftest import LOOPBACK_ONLY
 from tests.dispatch.upstream import Upstream
 from tests.oidc import Provider, start_provider
@@ -70,6 +71,19 @@ def browser() -> Iterator[Browser]:
 def upstream() -> Iterator[Upstream]:
     with threaded_upstream() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def database_url() -> Iterator[str]:
+    """A database of this module's own: the CLI refuses a master key set that lacks a key
+    other tests sealed with (keycheck), so it must not share theirs."""
+    with _scratch_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def db(database_url: str) -> Database:
+    return Database(database_url)
 
 
 @pytest.fixture
@@ -253,8 +267,8 @@ def test_connect_refresh_rotation_revocation_and_reconnect(
     assert store.get(owner, credential).status == "needs_reauth"
 
     # reconnect: same id (tools keep their credential_ref), the app taken from the old one
-    again = connected(browser, env, "ana", "--reconnect", str(credential), "--provider", "oidc",
-                      "--issuer", provider.issuer)  # fmt: skip
+    # (no --provider or --issuer: the connect recorded them)
+    again = connected(browser, env, "ana", "--reconnect", str(credential))
     assert uuid.UUID(again) == credential
     assert store.get(owner, credential).status == "active"
     retried = registry.retry(failed)

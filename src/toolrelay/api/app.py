@@ -17,6 +17,7 @@ from toolrelay.api import (
     agent_routes,
     approvals,
     approvals_history,
+    connect_routes,
     errors,
     operations,
     owner_routes,
@@ -101,6 +102,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     app.include_router(agent_routes.router)
     app.include_router(approvals.router)
     app.include_router(signin_routes.router)  # OpenID Connect sign-in (docs/approvals.md)
+    app.include_router(connect_routes.router)  # /v1/credentials/connect, /v1/oauth/callback
+    app.include_router(connect_routes.pages)  # /approvals/connect, /approvals/credentials
     app.include_router(approvals_history.router)  # /approvals/history, /approvals/calls/{id}
     app.include_router(webhook_router)  # /v1/webhooks (docs/notifications.md)
     app.include_router(audit_router)  # /v1/audit (docs/audit.md)

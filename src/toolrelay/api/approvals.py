@@ -165,15 +165,20 @@ def _check_csrf(context: ApiContext, request: Request, submitted: str) -> None:
 # --- rendering -------------------------------------------------------------------------------
 
 
-def _html(template: str, status: int = 200, **values: Any) -> HTMLResponse:
+def _html(
+    template: str, status: int = 200, form_to: str | None = None, **values: Any
+) -> HTMLResponse:
+    """A page under a strict CSP; ``form_to`` is one more origin a form's redirect may reach
+    (a connect's provider: CSP's form-action covers the redirect after a post)."""
     nonce = secrets.token_urlsafe(16)
+    form_action = "'self'" + (f" {form_to}" if form_to else "")
     body = _env.get_template(template).render(nonce=nonce, refresh=REFRESH_SECONDS, **values)
     response = HTMLResponse(body, status_code=status)
     response.headers.update(
         {
             "Content-Security-Policy": (
                 f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
-                "connect-src 'self'; form-action 'self'; img-src 'self' data:; "
+                f"connect-src 'self'; form-action {form_action}; img-src 'self' data:; "
                 "base-uri 'none'; frame-ancestors 'none'"
             ),
             "X-Frame-Options": "DENY",

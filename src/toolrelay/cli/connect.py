@@ -12,16 +12,18 @@ from uuid import UUID
 import aiohttp
 import typer
 
-from toolrelay.cli.context import acting, err_console, fail
+from toolrelay.cli.context import acting, database, err_console, fail
 from toolrelay.credentials import connect as flow
+from toolrelay.credentials.connect_flows import ConnectFlows, record_connection
 from toolrelay.credentials.store import CredentialStore
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
 from toolrelay.errors import InvalidArgument, ToolrelayError
 from toolrelay.signin import loopback
+from toolrelay.tokens import Caller
 
 
 def connect(
-    provider: str = typer.Option(..., "--provider", help="A provider preset: github, google, slack, microsoft, oidc, or one of TOOLRELAY_OAUTH_PROVIDERS_DIR."),
+    provider: str | None = typer.Option(None, "--provider", help="A provider preset: github, google, slack, microsoft, oidc, or one of TOOLRELAY_OAUTH_PROVIDERS_DIR (a reconnect: the one it was connected with)."),
     name: str | None = typer.Option(None, "--name", help="The new credential's name (default: the provider's)."),
     client_id: str | None = typer.Option(None, "--client-id", help="Your OAuth app's client id at the provider."),
     client_secret_stdin: bool = typer.Option(False, "--client-secret-stdin", help="Read the app's client secret from stdin (never argv)."),
@@ -39,6 +41,14 @@ def connect(
 
     try:
         store = _store(with_keys=True)
+        if reconnect is not None and provider is None:  # as it was connected
+            known = ConnectFlows(database(), None).connected_with(acting(), reconnect)
+            if known is None:
+                raise InvalidArgument(f"credential {reconnect} was not connected: give --provider")
+            provider, issuer = known["provider"], issuer or known["issuer"]
+            param = param or [f"{k}={v}" for k, v in known["parameters"].items()]
+        if provider is None:
+            raise InvalidArgument("give --provider (github, google, slack, microsoft, oidc, ...)")
         connection = _connection(store, provider, client_id, client_secret_stdin, scope,
                                  issuer, param, reconnect)  # fmt: skip
         secret = asyncio.run(_run(connection, browser, timeout))
@@ -48,6 +58,10 @@ def connect(
         else:
             hosts = host or list(connection.preset.allowed_hosts)
             made = store.add(acting(), "oauth", name or provider, secret, hosts)
+        owner = acting()
+        record_connection(database(), made, owner.owner if isinstance(owner, Caller) else owner,
+                          connection.preset.name, connection.issuer,
+                          dict(connection.parameters))  # fmt: skip
     except ToolrelayError as exc:
         raise fail(exc) from None
     what = "reconnected" if reconnect is not None else "connected"

@@ -100,6 +100,11 @@ def list_(output: Output = output_option()) -> None:
          "last_used_at:last used", "expires_at:expires"],
         output,
     )  # fmt: skip
+    for info in infos:  # on stderr: the listing itself stays machine-readable
+        if info.kind == Kind.oauth.value and info.status == "needs_reauth":
+            err_console.print(f"{info.name} needs a person to sign in again: toolrelay"
+                              f" credential connect --reconnect {info.id}",
+                              markup=False, highlight=False, soft_wrap=True)  # fmt: skip
 
 
 @credential_app.command()
