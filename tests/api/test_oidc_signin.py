@@ -349,3 +349,21 @@ def test_a_person_in_two_organizations_chooses_one(
     expect(page.locator("#who")).to_have_text("Mo (approver)")
     assert first_ids["Mo"] != second_ids["Mo"]
     context.close()
+
+
+def test_starting_sign_ins_is_rate_limited(
+    oidc_app: tuple[str, Provider], database_url: str, keyring: Keyring
+) -> None:
+    """Each start writes a flow row before anyone is known: one address cannot write them
+    without bound."""
+    _, provider = oidc_app
+    oidc = OidcSettings(issuer=provider.issuer, client_id="toolrelay-web",
+                        client_secret=CLIENT_SECRET, cli_client_id="toolrelay-web")  # fmt: skip
+    app = create_app(settings(database_url, keyring, oidc=oidc, rate_burst=3,
+                              rate_per_second=0.001))  # fmt: skip
+    with serve_app(app) as url:
+        answers = [
+            httpx.get(f"{url}/approvals/signin/oidc", follow_redirects=False).status_code
+            for _ in range(5)
+        ]
+    assert answers == [303, 303, 303, 429, 429]

@@ -41,6 +41,9 @@ def redirect_uri(request: Request) -> str:
 async def start(request: Request, context: Ctx, owner: UUID | None = None) -> Response:
     if context.oidc is None:
         return _signin(context, 404, "Sign-in through an identity provider is not set up here.")
+    client = request.client.host if request.client else "unknown"
+    if context.limiter.take(f"signin:{client}") > 0:  # each start writes a row: bounded
+        return _signin(context, 429, "Too many sign-ins from here; wait a moment and retry.")
     try:
         started = await context.oidc.start(redirect_uri(request))
         await run_in_threadpool(context.signins.remember, started, owner)
