@@ -136,6 +136,8 @@ WRITES = {
     "delete_a_tool": "DELETE FROM agents.tools_registry WHERE id = %(other_tool)s",
     "delete_itself": "DELETE FROM agents.agents WHERE id = %(bot)s",
     "delete_the_credential": "DELETE FROM agents.credentials WHERE id = %(credential)s",
+    "bind_itself_to_an_identity": "UPDATE agents.agents SET oauth_issuer ="
+    " 'https://auth.example.com', oauth_subject = 'mallory' WHERE id = %(bot)s",
 }
 
 
@@ -221,6 +223,8 @@ def _owner_only_calls(office: Office) -> dict[str, tuple[str, tuple[Any, ...]]]:
         "fn_connect_begin": (
             "SELECT fn_connect_begin(gen_random_uuid(), NULL, 'x', 'github', NULL, '{}',"
             " '{}', '{}', 'app', NULL, NULL, NULL, NULL, 60)", ()),
+        "fn_set_agent_oauth": (
+            "SELECT fn_set_agent_oauth(%s, 'https://auth.example.com', 'bot')", (office.bot,)),
     }  # fmt: skip
 
 
