@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
+from pydantic import BaseModel, ConfigDict, Field
 
 from toolrelay.api import schemas as s
 from toolrelay.api.auth import any_caller, owner_caller
@@ -21,6 +22,7 @@ from toolrelay.api.paths import (
     wait_for_invocation,
 )
 from toolrelay.errors import Conflict, NotFound
+from toolrelay.mcp.oauth import MAX_ISSUER_CHARS, MAX_SUBJECT_CHARS, OAuthBindings
 from toolrelay.registry import Registry, ToolSpec
 from toolrelay.registry.members import Members
 from toolrelay.tokens import Caller
@@ -257,6 +259,73 @@ def create_agent(body: s.AgentIn, registry: Reg) -> s.AgentOut:
 )
 def show_agent(agent: AgentRef, registry: Reg) -> s.AgentOut:
     return s.AgentOut.model_validate(registry.get_agent(agent))
+
+
+class AgentOAuthIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    issuer: str = Field(
+        max_length=MAX_ISSUER_CHARS,
+        description="The authorization server (one of TOOLRELAY_MCP_AUTHORIZATION_SERVERS),"
+        " exactly as its access tokens' iss says it.",
+    )
+    subject: str = Field(
+        max_length=MAX_SUBJECT_CHARS, description="The identity there: its access tokens' sub."
+    )
+
+
+class AgentOAuthOut(BaseModel):
+    agent_id: UUID
+    agent: str
+    issuer: str | None = Field(description="null: not bound")
+    subject: str | None
+
+
+def _oauth_out(context: ApiContext, caller: Caller, agent: Any) -> AgentOAuthOut:
+    issuer, subject = OAuthBindings(context.db).get(caller, agent["id"])
+    return AgentOAuthOut(agent_id=agent["id"], agent=agent["name"], issuer=issuer, subject=subject)
+
+
+@router.get(
+    "/agents/{agent}/oauth",
+    operation_id="getAgentOAuth",
+    responses=error_responses(*SPLIT, 404, 422),
+    tags=["agents"],
+    summary="The identity at an authorization server the agent acts for over MCP",
+)
+def get_agent_oauth(agent: AgentRef, registry: Reg, context: Ctx, caller: Owner) -> AgentOAuthOut:
+    return _oauth_out(context, caller, registry.get_agent(agent))
+
+
+@router.put(
+    "/agents/{agent}/oauth",
+    operation_id="setAgentOAuth",
+    responses=error_responses(*SPLIT, *BODY, 404, 409),
+    tags=["agents"],
+    summary="Let access tokens for an identity at an authorization server act as the agent"
+    " over MCP (an identity acts as one agent only: 409 when another holds it)",
+)
+def set_agent_oauth(
+    agent: AgentRef, body: AgentOAuthIn, registry: Reg, context: Ctx, caller: Owner
+) -> AgentOAuthOut:
+    row = registry.get_agent(agent)
+    OAuthBindings(context.db).bind(caller, row["id"], body.issuer, body.subject)
+    return _oauth_out(context, caller, row)
+
+
+@router.delete(
+    "/agents/{agent}/oauth",
+    operation_id="deleteAgentOAuth",
+    responses=error_responses(*SPLIT, 404, 422),
+    tags=["agents"],
+    summary="Unbind the agent from its identity at an authorization server",
+)
+def delete_agent_oauth(
+    agent: AgentRef, registry: Reg, context: Ctx, caller: Owner
+) -> AgentOAuthOut:
+    row = registry.get_agent(agent)
+    OAuthBindings(context.db).unbind(caller, row["id"])
+    return _oauth_out(context, caller, row)
 
 
 @router.get(

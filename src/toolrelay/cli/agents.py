@@ -8,7 +8,7 @@ from enum import StrEnum
 
 import typer
 
-from toolrelay.cli.context import console, fail, registry
+from toolrelay.cli.context import acting, console, database, err_console, fail, registry
 from toolrelay.cli.render import (
     AGENT,
     INVOCATION,
@@ -20,6 +20,7 @@ from toolrelay.cli.render import (
 )
 from toolrelay.cli.tools import parse_json
 from toolrelay.errors import InvalidArgument, ToolrelayError
+from toolrelay.mcp.oauth import OAuthBindings, authorization_servers
 from toolrelay.registry.pages import invocation_page
 
 agent_app = typer.Typer(help="Create and list agents.", no_args_is_help=True)
@@ -43,6 +44,55 @@ def agent_list(output: Output = output_option()) -> None:
     except ToolrelayError as exc:
         raise fail(exc) from None
     listing(AGENT, rows, ["id", "name", "status", "created_at:created"], output)
+
+
+@agent_app.command("oauth")
+def agent_oauth(
+    agent: str,
+    issuer: str | None = typer.Option(
+        None, help="The authorization server, exactly as its tokens' iss says it."
+    ),
+    subject: str | None = typer.Option(None, help="The identity there: its tokens' sub."),
+    unbind: bool = typer.Option(False, "--unbind", help="Remove the binding."),
+) -> None:
+    """Let access tokens for SUBJECT at ISSUER (one of TOOLRELAY_MCP_AUTHORIZATION_SERVERS)
+    act as AGENT (name or id) over MCP; an identity acts as one agent only. Without options,
+    shows the binding."""
+    try:
+        if unbind and (issuer is not None or subject is not None):
+            raise InvalidArgument("--unbind takes no --issuer or --subject")
+        if (issuer is None) != (subject is None):
+            raise InvalidArgument("give both --issuer and --subject (or --unbind)")
+        who = acting()
+        agent_id = registry().get_agent(agent)["id"]
+        bindings = OAuthBindings(database())
+        if unbind:
+            said = (
+                f"unbound {agent}" if bindings.unbind(who, agent_id) else f"{agent} was not bound"
+            )
+        elif issuer is None or subject is None:
+            bound_issuer, bound_subject = bindings.get(who, agent_id)
+            said = (f"{agent} is not bound to an OAuth identity" if bound_issuer is None
+                    else f"{agent}: {bound_subject} at {bound_issuer}")  # fmt: skip
+        else:
+            bindings.bind(who, agent_id, issuer, subject)
+            said = f"bound {agent} to {subject} at {issuer}"
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    console.print(said, markup=False, highlight=False)
+    if issuer is None:
+        return
+    try:
+        configured = authorization_servers()
+    except ToolrelayError:
+        configured = []
+    if issuer not in configured:
+        err_console.print(
+            f"note: {issuer} is not in TOOLRELAY_MCP_AUTHORIZATION_SERVERS here; `toolrelay"
+            " serve` accepts tokens only from the servers it lists",
+            markup=False,
+            highlight=False,
+        )
 
 
 def assign(

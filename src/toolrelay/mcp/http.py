@@ -1,7 +1,9 @@
 """Streamable HTTP at ``/mcp`` on ``toolrelay serve``, one agent per bearer token.
 
 Every HTTP request is authenticated before the MCP SDK sees it, the same way as /v1 (the
-same ``Authenticator`` and JSON errors): no or a bad token is 401, an owner token 403.
+same ``Authenticator`` and JSON errors): no or a bad token is 401, an owner token 403. An
+access token from one of TOOLRELAY_MCP_AUTHORIZATION_SERVERS is validated by oauth.py (on
+the event loop: its keys may need fetching) and acts as the agent bound to its subject.
 The rate limit counts tool calls only (429 with Retry-After, the body saying the same). The caller is kept on the ASGI scope, where the MCP handlers read it from the
 request that carried each message, so every message acts as the agent whose token came
 with it. The SDK also binds a session to the agent that opened it: another agent's token
@@ -12,8 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
 
 from fastapi import APIRouter, FastAPI
@@ -34,22 +35,37 @@ from yarl import URL
 from toolrelay.api.auth import limit
 from toolrelay.api.errors import RateLimited, error_response, toolrelay_error_response
 from toolrelay.api.limits import retry_after_seconds
-from toolrelay.errors import ConfigurationError, ToolrelayError
+from toolrelay.errors import ConfigurationError, PermissionDenied, ToolrelayError
+from toolrelay.mcp.oauth import (
+    AUTHORIZATION_SERVERS_ENV,
+    OAuthBindings,
+    ResourceServer,
+    authorization_servers,
+)
 from toolrelay.mcp.server import McpSettings, agent_only, build_server
+from toolrelay.notify.payloads import PUBLIC_URL_ENV, public_url
 from toolrelay.tokens import Caller, Unauthenticated
 
 if TYPE_CHECKING:
     from toolrelay.api.context import ApiContext
 
-__all__ = ["MCP_PATH", "McpEndpoint", "McpShortcut", "mcp_router", "mount_mcp"]
+__all__ = [
+    "AUTHORIZATION_SERVERS_ENV",
+    "MCP_PATH",
+    "McpEndpoint",
+    "McpShortcut",
+    "authorization_servers",
+    "mcp_router",
+    "mount_mcp",
+]
 
 MCP_PATH: Final = "/mcp"
 # RFC 9728: where an MCP client finds how to get a token for /mcp (the path-suffixed form,
 # and the bare one for clients that look there).
 METADATA_PATHS: Final = ("/.well-known/oauth-protected-resource/mcp",
                          "/.well-known/oauth-protected-resource")  # fmt: skip
-AUTHORIZATION_SERVERS_ENV: Final = "TOOLRELAY_MCP_AUTHORIZATION_SERVERS"
 SCOPE_KEY: Final = "toolrelay.caller"
+LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 SESSION_IDLE_TIMEOUT: Final = 30 * 60.0  # seconds; a client then opens a new session
 MAX_SESSIONS: Final = 1000
 
@@ -97,6 +113,11 @@ class McpEndpoint:
 
     def __init__(self, context: ApiContext, settings: McpSettings | None = None) -> None:
         self.context = context
+        # Read when the app is built, as the rest of MCP's settings are.
+        self.issuers = authorization_servers()
+        self.public_url = public_url()
+        self.oauth = ResourceServer(self.issuers) if self.issuers else None
+        self.bindings = OAuthBindings(context.db)
         self.server = build_server(context.db, caller_from_request, settings, context.outcomes)
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
@@ -114,8 +135,12 @@ class McpEndpoint:
             )
             await response(scope, receive, send)
             return
+        token = _bearer(request)
         try:
-            caller = agent_only(await run_in_threadpool(self._authenticate, request))
+            if self.oauth is not None and token is not None and self.oauth.handles(token):
+                caller = await self._oauth_caller(request, self.oauth, token)
+            else:  # toolrelay's own tokens: as before, nothing more on their path
+                caller = agent_only(await run_in_threadpool(self._authenticate, request))
             if scope.get("method") == "POST":
                 body, receive = await _buffered(receive)
                 if _is_tool_call(body):
@@ -123,9 +148,10 @@ class McpEndpoint:
         except ToolrelayError as exc:
             response = toolrelay_error_response(exc)
             if isinstance(exc, Unauthenticated):  # MCP's authorization: say where to look
-                metadata = f"{_base_url(request)}{METADATA_PATHS[0]}"
+                metadata = f"{self.base_url(request)}{METADATA_PATHS[0]}"
+                error = ' error="invalid_token",' if token is not None else ""  # RFC 6750 3.1
                 response.headers["WWW-Authenticate"] = (
-                    f'Bearer realm="toolrelay", resource_metadata="{metadata}"'
+                    f'Bearer realm="toolrelay",{error} resource_metadata="{metadata}"'
                 )
             await response(scope, receive, send)
             return
@@ -154,6 +180,46 @@ class McpEndpoint:
         except Unauthenticated:
             limit(self.context, f"ip:{client}")
             raise
+
+    async def _oauth_caller(self, request: Request, oauth: ResourceServer, token: str) -> Caller:
+        """The agent bound to the identity a validated access token names. A token that does
+        not validate is 401 (limited per client address, as every failed attempt); a valid
+        one that no active agent is bound to is 403: signing in again cannot change that."""
+        try:
+            granted = await oauth.validate(token, self.resource(request))
+        except Unauthenticated:
+            client = request.client.host if request.client else "unknown"
+            limit(self.context, f"ip:{client}")
+            raise
+        bound = await run_in_threadpool(self.bindings.lookup, granted.issuer, granted.subject)
+        if bound is None:
+            raise PermissionDenied(
+                f"{granted.subject!r} at {granted.issuer} is bound to no agent here: an admin"
+                " binds it with `toolrelay agent oauth AGENT --issuer ISSUER --subject SUBJECT`"
+            )
+        if not bound.active:
+            raise PermissionDenied(
+                f"the agent bound to {granted.subject!r} at {granted.issuer} is disabled"
+            )
+        return Caller(owner=bound.owner, agent_id=bound.agent_id)
+
+    def base_url(self, request: Request) -> str:
+        """TOOLRELAY_PUBLIC_URL, else this request's own scheme and Host."""
+        return self.public_url or _base_url(request)
+
+    def resource(self, request: Request) -> str:
+        """What an access token's aud must name: ``<TOOLRELAY_PUBLIC_URL>/mcp``. Without it,
+        the request's own address only when that is a loopback one: taken from a Host
+        header anyone can send, the audience would be whatever the caller says, and a token
+        issued to another resource (the confused deputy RFC 8707 prevents) would pass."""
+        if self.public_url is not None:
+            return f"{self.public_url}{MCP_PATH}"
+        if URL(_base_url(request)).host not in LOOPBACK_HOSTS:
+            raise ConfigurationError(
+                f"set {PUBLIC_URL_ENV} (this server's public base URL): access tokens name the"
+                " resource they are for, and it cannot be taken from the request's Host header"
+            )
+        return f"{_base_url(request)}{MCP_PATH}"
 
     def _limit(self, caller: Caller) -> None:
         wait = self.context.limiter.take(caller.rate_key)
@@ -195,28 +261,18 @@ def _is_tool_call(body: bytes) -> bool:
     return any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)
 
 
-def authorization_servers(environ: Mapping[str, str] | None = None) -> list[str]:
-    """TOOLRELAY_MCP_AUTHORIZATION_SERVERS: issuer URLs, comma-separated (none: empty)."""
-    raw = (os.environ if environ is None else environ).get(AUTHORIZATION_SERVERS_ENV, "")
-    issuers = [part.strip() for part in raw.split(",") if part.strip()]
-    for issuer in issuers:
-        url = URL(issuer)
-        if url.scheme not in ("https", "http") or not url.host or url.query_string:
-            raise ConfigurationError(
-                f"{AUTHORIZATION_SERVERS_ENV}: {issuer!r} is not an issuer URL (https://host[/path])"
-            )
-    return issuers
-
-
 def _base_url(request: Request) -> str:
     return str(request.base_url).rstrip("/")
 
 
-def resource_metadata(request: Request, issuers: list[str]) -> dict[str, Any]:
-    """RFC 9728 protected resource metadata for /mcp. Authorization servers are listed when
-    configured; toolrelay's own tokens are the way in otherwise (docs/mcp.md)."""
+def resource_metadata(
+    request: Request, issuers: list[str], base_url: str | None = None
+) -> dict[str, Any]:
+    """RFC 9728 protected resource metadata for /mcp, under ``base_url`` (TOOLRELAY_PUBLIC_URL)
+    or the request's own. Authorization servers are listed when configured; toolrelay's own
+    tokens are the way in otherwise (docs/mcp.md)."""
     metadata: dict[str, Any] = {
-        "resource": f"{_base_url(request)}{MCP_PATH}",
+        "resource": f"{base_url or _base_url(request)}{MCP_PATH}",
         "bearer_methods_supported": ["header"],
         "resource_name": "toolrelay MCP",
     }
@@ -228,10 +284,9 @@ def resource_metadata(request: Request, issuers: list[str]) -> dict[str, Any]:
 def mcp_router(endpoint: McpEndpoint) -> APIRouter:
     """A router with the /mcp endpoint whose lifespan runs the SDK's session manager, and the
     protected resource metadata (RFC 9728) MCP clients discover it by."""
-    issuers = authorization_servers()
 
     async def metadata(request: Request) -> JSONResponse:
-        return JSONResponse(resource_metadata(request, issuers))
+        return JSONResponse(resource_metadata(request, endpoint.issuers, endpoint.public_url))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
