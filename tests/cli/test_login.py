@@ -75,7 +75,8 @@ class Login:
         self.err: list[str] = []
         self.found = threading.Event()
         self.url = ""
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.process.stderr is not None
@@ -92,6 +93,7 @@ class Login:
 
     def finish(self) -> tuple[int, str, str]:
         out, _ = self.process.communicate(timeout=WAIT_S)
+        self._reader.join(WAIT_S)  # every line of stderr read, not only the first ones
         return self.process.returncode, out, "".join(self.err)
 
 

@@ -116,7 +116,8 @@ class Connect:
         self.err: list[str] = []
         self._found = threading.Event()
         self._url = ""
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.process.stderr is not None
@@ -135,6 +136,7 @@ class Connect:
         assert self.process.stdout is not None
         out = self.process.stdout.read()
         self.process.wait(WAIT_S)
+        self._reader.join(WAIT_S)  # every line of stderr read, not only the first ones
         return self.process.returncode, out, "".join(self.err)
 
 
