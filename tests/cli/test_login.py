@@ -92,8 +92,11 @@ class Login:
         return self.url
 
     def finish(self) -> tuple[int, str, str]:
-        out, _ = self.process.communicate(timeout=WAIT_S)
-        self._reader.join(WAIT_S)  # every line of stderr read, not only the first ones
+        # Not communicate(): it would read stderr too, racing the reader for its lines.
+        assert self.process.stdout is not None
+        out = self.process.stdout.read()
+        self.process.wait(WAIT_S)
+        self._reader.join(WAIT_S)  # every line of stderr read
         return self.process.returncode, out, "".join(self.err)
 
 
