@@ -30,8 +30,8 @@ class ListWatch:
     async def seen(
         self, ctx: ServerRequestContext[Any, Any], current: str, *, notify: bool = True
     ) -> None:
-        """Record the stamp of the tools this request saw (``agents.agent_tools_stamp``,
-        migration 0019); if it changed since the session's last request (and ``notify``:
+        """Record the stamp of the tools this request saw (``agents.agent_tools_stamp``, the
+        agent's tools version, migration 0035); if it changed since the session's last request (and ``notify``:
         not for tools/list, which answers the new list), say so."""
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return
