@@ -140,13 +140,16 @@ def test_connect_through_the_api_and_the_page_then_reconnect(
     credential = page.locator("#credential").inner_text()
     page.screenshot(path=str(ARTIFACTS / "connect-done.png"), full_page=True)
     info = admin.get(f"/v1/credentials/{credential}").json()
-    assert (info["kind"], info["name"], info["status"]) == ("oauth", "idp", "active")
+    assert (info["kind"], info["name"], info["status"], info["reconnect"]) == (
+        "oauth", "idp", "active", None)  # fmt: skip
     assert CLIENT_SECRET not in page.content()
 
     # the provider revokes; the dispatcher would mark it so: Reconnect on the page
     with db.as_dispatcher() as conn:
         conn.execute("UPDATE agents.credentials SET status = 'needs_reauth' WHERE id = %s",
                      (credential,))  # fmt: skip
+    assert admin.get(f"/v1/credentials/{credential}").json()["reconnect"] == (
+        f"/approvals/credentials#credential-{credential}")  # fmt: skip
     page.goto(f"{url}/approvals/credentials")
     row = page.locator(f'li[data-credential="{credential}"]')
     expect(row).to_have_attribute("data-status", "needs_reauth")
@@ -156,7 +159,8 @@ def test_connect_through_the_api_and_the_page_then_reconnect(
     page.get_by_role("button", name="Continue to OpenID Connect (discovery)").click()
     consent(page)
     expect(page.get_by_role("status")).to_contain_text(f"{credential} (reconnected)")
-    assert admin.get(f"/v1/credentials/{credential}").json()["status"] == "active"
+    reconnected = admin.get(f"/v1/credentials/{credential}").json()
+    assert (reconnected["status"], reconnected["reconnect"]) == ("active", None)
     context.close()
 
 

@@ -169,6 +169,11 @@ class CredentialOut(BaseModel):
     rotated_at: datetime | None
     last_used_at: datetime | None
     expires_at: datetime | None
+    reconnect: str | None = Field(
+        None,
+        description="For an oauth credential in needs_reauth: the approvals page's path"
+        " where a person reconnects it (or POST /v1/credentials/connect {credential}).",
+    )
 
 
 class CredentialList(BaseModel):

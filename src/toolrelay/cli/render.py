@@ -163,6 +163,7 @@ CREDENTIAL = shape(
     rotated_at time?
     last_used_at time?
     expires_at time?
+    reconnect string?
     """,
 )
 

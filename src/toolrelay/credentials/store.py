@@ -59,6 +59,15 @@ class CredentialInfo:
     last_used_at: datetime | None
     expires_at: datetime | None
 
+    @property
+    def reconnect(self) -> str | None:
+        """Where a person signs in again, for an oauth credential that needs it (the page's
+        Reconnect; the API's POST /v1/credentials/connect {credential}; the CLI's
+        `credential connect --reconnect ID`)."""
+        if self.kind == "oauth" and self.status == "needs_reauth":
+            return f"/approvals/credentials#credential-{self.id}"
+        return None
+
 
 class CredentialStore:
     """Owner operations, each one transaction run as the owner (RLS applies)."""
