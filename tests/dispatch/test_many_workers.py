@@ -5,16 +5,35 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Iterator
 
+import pytest
 from psycopg.types.json import Jsonb
 
 from tests.dispatch.upstream import Upstream
+from tests.pgtest import create_database, drop_database
 from tests.registry.helpers import agent_with_tool
+from toolrelay.db import Database, migrate
 from toolrelay.registry import Registry
 
 INVOCATIONS = 2000
 WORKERS = 3
 RUN_TIMEOUT = 180.0  # seconds
+
+
+# A database of its own: the workers drain everything runnable, and other tests leave calls
+# behind (to hosts that never answer, with retries) that took them 60 s instead of 6.
+@pytest.fixture(scope="module")
+def database_url(admin_url: str) -> Iterator[str]:
+    url = create_database(admin_url)
+    migrate(url)
+    yield url
+    drop_database(admin_url, url)
+
+
+@pytest.fixture(scope="module")
+def db(database_url: str) -> Database:
+    return Database(database_url)
 
 
 def invoke_many(registry: Registry, agent: str, tool_key: str, count: int) -> None:

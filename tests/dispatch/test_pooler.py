@@ -13,10 +13,11 @@ from aiohttp import web
 from tests.dispatch import pgbouncer
 from tests.dispatch.conftest import LOOPBACK_ONLY
 from tests.dispatch.upstream import Upstream
+from tests.pgtest import create_database, drop_database
 from tests.registry.helpers import agent_with_tool
 from toolrelay import errors
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
-from toolrelay.db import Database
+from toolrelay.db import Database, migrate
 from toolrelay.db.connect import owner_identity
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.registry import Registry, ToolSpec
@@ -27,6 +28,16 @@ RUN_TIMEOUT = 60.0  # seconds
 pytestmark = pytest.mark.skipif(
     not pgbouncer.available(), reason="pgbouncer is not installed (apt-get install pgbouncer)"
 )
+
+
+# A database of its own: the drains take everything runnable, and other tests leave calls
+# behind (to hosts that never answer, with retries) that made one drain here 50 s long.
+@pytest.fixture(scope="module")
+def database_url(admin_url: str) -> Iterator[str]:
+    url = create_database(admin_url)
+    migrate(url)
+    yield url
+    drop_database(admin_url, url)
 
 
 @pytest.fixture
