@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.pgtest import create_database, drop_database, server_url
-from toolrelay.db import Database, migrate
+from tests.pgtest import migrated_database, server_url
+from toolrelay.db import Database
 from toolrelay.registry import Registry
 
 
@@ -26,10 +26,8 @@ def admin_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def database_url(admin_url: str) -> Iterator[str]:
-    url = create_database(admin_url)
-    migrate(url)
-    yield url
-    drop_database(admin_url, url)
+    with migrated_database(admin_url) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

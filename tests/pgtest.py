@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import uuid
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 from psycopg import conninfo
+
+from toolrelay.db import migrate
 
 
 def server_url(scratch: Path) -> str:
@@ -35,3 +39,14 @@ def drop_database(admin_url: str, url: str) -> None:
     name = conninfo.conninfo_to_dict(url)["dbname"]
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def migrated_database(admin_url: str) -> Iterator[str]:
+    """A new database on ``admin_url``'s server, migrated; dropped afterwards."""
+    url = create_database(admin_url)
+    migrate(url)
+    try:
+        yield url
+    finally:
+        drop_database(admin_url, url)

@@ -11,9 +11,9 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.dispatch.upstream import Upstream
-from tests.pgtest import create_database, drop_database
+from tests.pgtest import migrated_database
 from tests.registry.helpers import agent_with_tool
-from toolrelay.db import Database, migrate
+from toolrelay.db import Database
 from toolrelay.registry import Registry
 
 INVOCATIONS = 2000
@@ -25,10 +25,8 @@ RUN_TIMEOUT = 180.0  # seconds
 # behind (to hosts that never answer, with retries) that took them 60 s instead of 6.
 @pytest.fixture(scope="module")
 def database_url(admin_url: str) -> Iterator[str]:
-    url = create_database(admin_url)
-    migrate(url)
-    yield url
-    drop_database(admin_url, url)
+    with migrated_database(admin_url) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

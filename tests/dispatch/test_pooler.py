@@ -13,11 +13,11 @@ from aiohttp import web
 from tests.dispatch import pgbouncer
 from tests.dispatch.conftest import LOOPBACK_ONLY
 from tests.dispatch.upstream import Upstream
-from tests.pgtest import create_database, drop_database
+from tests.pgtest import migrated_database
 from tests.registry.helpers import agent_with_tool
 from toolrelay import errors
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
-from toolrelay.db import Database, migrate
+from toolrelay.db import Database
 from toolrelay.db.connect import owner_identity
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.registry import Registry, ToolSpec
@@ -34,10 +34,8 @@ pytestmark = pytest.mark.skipif(
 # behind (to hosts that never answer, with retries) that made one drain here 50 s long.
 @pytest.fixture(scope="module")
 def database_url(admin_url: str) -> Iterator[str]:
-    url = create_database(admin_url)
-    migrate(url)
-    yield url
-    drop_database(admin_url, url)
+    with migrated_database(admin_url) as url:
+        yield url
 
 
 @pytest.fixture

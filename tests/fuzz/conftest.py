@@ -8,16 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.pgtest import create_database, drop_database
-from toolrelay.db import Database, migrate
+from tests.pgtest import migrated_database
+from toolrelay.db import Database
 
 
 @pytest.fixture(scope="module")
 def database_url(admin_url: str) -> Iterator[str]:
-    url = create_database(admin_url)
-    migrate(url)
-    yield url
-    drop_database(admin_url, url)
+    with migrated_database(admin_url) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
