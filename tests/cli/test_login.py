@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +18,7 @@ from playwright.sync_api import Browser, expect
 from typer.testing import CliRunner
 
 from tests.browser import launch
+from tests.cliproc import WAIT_S, Waiting
 from tests.oidc import Provider, start_provider
 from tests.registry.helpers import agent_with_tool
 from toolrelay.cli import context
@@ -29,14 +27,12 @@ from toolrelay.db import Database
 from toolrelay.registry import Registry
 from toolrelay.registry.members import Members
 
-CLI = Path(sys.executable).parent / "toolrelay"
 CLIENT = {
     "client_id": "toolrelay-cli",
     "application_type": "native",
     "token_endpoint_auth_method": "none",
     "redirect_uris": ["http://127.0.0.1/callback"],  # any port on loopback (RFC 8252 7.3)
 }
-WAIT_S = 60
 runner = CliRunner()
 
 
@@ -64,40 +60,9 @@ def home(
     return tmp_path
 
 
-class Login:
-    """`toolrelay login --no-browser` running; ``url`` is where it sends the person."""
-
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [str(CLI), "login", "--no-browser", "--timeout", str(WAIT_S), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
-        )  # fmt: skip
-        self.err: list[str] = []
-        self.found = threading.Event()
-        self.url = ""
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.err.append(line)
-            if line.startswith("http") and not self.url:
-                self.url = line.strip()
-                self.found.set()
-        self.found.set()
-
-    def wait_url(self) -> str:
-        assert self.found.wait(WAIT_S) and self.url, "".join(self.err)
-        return self.url
-
-    def finish(self) -> tuple[int, str, str]:
-        # Not communicate(): it would read stderr too, racing the reader for its lines.
-        assert self.process.stdout is not None
-        out = self.process.stdout.read()
-        self.process.wait(WAIT_S)
-        self._reader.join(WAIT_S)  # every line of stderr read
-        return self.process.returncode, out, "".join(self.err)
+def start_login(*args: str) -> Waiting:
+    """`toolrelay login --no-browser` running."""
+    return Waiting(["login", "--no-browser", "--timeout", str(WAIT_S), *args], os.environ)
 
 
 def sign_in_at_provider(browser: Browser, url: str, login: str) -> None:
@@ -127,8 +92,8 @@ def test_login_then_every_command_acts_as_the_member_until_logout(
 ) -> None:
     who = f"ana-{uuid.uuid4().hex[:8]}"
     owner, ids, call = tenant_with_pending(db, ("Ana", "approver", f"{who}@example.test"))
-    login = Login()
-    sign_in_at_provider(browser, login.wait_url(), who)
+    login = start_login()
+    sign_in_at_provider(browser, login.url(), who)
     code, out, err = login.finish()
     assert code == 0, err
     assert f"signed in as Ana (approver) in organization {owner.owner}" in err
@@ -164,8 +129,8 @@ def test_a_removed_member_cli_session_ends_at_once(
 ) -> None:
     who = f"ben-{uuid.uuid4().hex[:8]}"
     owner, ids, call = tenant_with_pending(db, ("Ben", "approver", f"{who}@example.test"))
-    login = Login()
-    sign_in_at_provider(browser, login.wait_url(), who)
+    login = start_login()
+    sign_in_at_provider(browser, login.url(), who)
     assert login.finish()[0] == 0
     Members(db).remove(owner.owner, ids["Ben"])
     approved = runner.invoke(app, ["approve", str(call)])
@@ -180,15 +145,15 @@ def test_a_person_in_two_organizations_names_one(
     who = f"mo-{uuid.uuid4().hex[:8]}"
     first, first_ids, _ = tenant_with_pending(db, ("Mo", "viewer", f"{who}@example.test"))
     second, second_ids, _ = tenant_with_pending(db, ("Mo", "admin", f"{who}@example.test"))
-    login = Login()
-    sign_in_at_provider(browser, login.wait_url(), who)
+    login = start_login()
+    sign_in_at_provider(browser, login.url(), who)
     code, _, err = login.finish()
     assert code == 1 and "member of 2 organizations" in err
     assert str(first.owner) in err and str(second.owner) in err
     assert not (home / "session.json").exists()
 
-    login = Login("--owner", str(second.owner))
-    sign_in_at_provider(browser, login.wait_url(), who)
+    login = start_login("--owner", str(second.owner))
+    sign_in_at_provider(browser, login.url(), who)
     code, _, err = login.finish()
     assert code == 0, err
     shown = runner.invoke(app, ["whoami"])
@@ -199,8 +164,8 @@ def test_a_person_in_two_organizations_names_one(
 def test_the_loopback_port_answers_only_this_sign_in(home: Path, provider: Provider) -> None:
     """Another local process that finds the port cannot end the wait with its own code, nor
     learn anything from it; the CLI keeps waiting for the provider."""
-    login = Login()
-    url = login.wait_url()
+    login = start_login()
+    url = login.url()
     redirect = httpx.URL(url).params["redirect_uri"]
     forged = httpx.get(redirect, params={"code": "attacker-code", "state": "guess"})
     assert forged.status_code == 400 and forged.text == "not this sign-in"

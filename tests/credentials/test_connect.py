@@ -12,9 +12,6 @@ import asyncio
 import base64
 import json
 import os
-import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -28,6 +25,7 @@ from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
 from tests.api.servers import LoopThread, threaded_upstream
 from tests.browser import launch
+from tests.cliproc import WAIT_S, Waiting
 from tests.credentials.conftest import _scratch_database
 from tests.dispatch.conftest import LOOPBACK_ONLY
 from tests.dispatch.upstream import Upstream
@@ -40,7 +38,6 @@ from toolrelay.dispatch.egress import make_connector
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.registry import Registry
 
-CLI = Path(sys.executable).parent / "toolrelay"
 CLIENT_ID = "toolrelay-connect"
 CLIENT_SECRET = "connect-client-secret-for-the-tests-0123456789abcdef"
 CLIENT = {
@@ -52,7 +49,6 @@ CLIENT = {
     "redirect_uris": ["http://127.0.0.1/callback"],
 }
 KEY = MasterKey("connect-test", os.urandom(32))
-WAIT_S = 60
 T = TypeVar("T")
 
 
@@ -99,45 +95,13 @@ def env(tmp_path: Path, database_url: str) -> dict[str, str]:
     }
 
 
-class Connect:
-    """`toolrelay credential connect --no-browser ...` running; ``url()`` is where it sends
-    the person."""
-
-    def __init__(self, env: dict[str, str], *args: str) -> None:
-        self.process = subprocess.Popen(
-            [str(CLI), "credential", "connect", "--no-browser", "--timeout", str(WAIT_S),
-             "--client-secret-stdin", *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=env,
-        )  # fmt: skip
-        assert self.process.stdin is not None
-        self.process.stdin.write(CLIENT_SECRET + "\n")
-        self.process.stdin.close()
-        self.err: list[str] = []
-        self._found = threading.Event()
-        self._url = ""
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.err.append(line)
-            if line.startswith("http") and not self._url:
-                self._url = line.strip()
-                self._found.set()
-        self._found.set()
-
-    def url(self) -> str:
-        assert self._found.wait(WAIT_S) and self._url, "".join(self.err)
-        return self._url
-
-    def finish(self) -> tuple[int, str, str]:
-        assert self.process.stdout is not None
-        out = self.process.stdout.read()
-        self.process.wait(WAIT_S)
-        self._reader.join(WAIT_S)  # every line of stderr read, not only the first ones
-        return self.process.returncode, out, "".join(self.err)
+def start_connect(env: dict[str, str], *args: str) -> Waiting:
+    """`toolrelay credential connect --no-browser ...` running, the client secret on stdin."""
+    return Waiting(
+        ["credential", "connect", "--no-browser", "--timeout", str(WAIT_S),
+         "--client-secret-stdin", *args],
+        env, stdin=CLIENT_SECRET + "\n",
+    )  # fmt: skip
 
 
 def oidc_args(provider: Provider, *extra: str) -> list[str]:
@@ -161,7 +125,7 @@ def consent(page: Page, login: str) -> None:
 
 def connected(browser: Browser, env: dict[str, str], login: str, *args: str) -> str:
     """Run `credential connect`, sign in and consent in a browser; the credential id."""
-    running = Connect(env, *args)
+    running = start_connect(env, *args)
     context = browser.new_context()
     page = context.new_page()
     page.goto(running.url())
@@ -284,7 +248,7 @@ def test_connect_refresh_rotation_revocation_and_reconnect(
 def test_a_denied_consent_stores_nothing(
     browser: Browser, provider: Provider, env: dict[str, str], db: Database
 ) -> None:
-    running = Connect(env, *oidc_args(provider))
+    running = start_connect(env, *oidc_args(provider))
     page = browser.new_context().new_page()
     page.goto(running.url())
     page.get_by_role("link", name="Cancel").click()
@@ -301,10 +265,10 @@ def test_a_provider_the_egress_guard_refuses_is_never_asked(
     """The issuer is an owner's input: its discovery goes through the egress guard like a tool
     call (here loopback, not allowed), before anything is shown or stored."""
     env = {**env, "TOOLRELAY_EGRESS_ALLOW": ""}
-    running = Connect(env, *oidc_args(provider))
+    running = start_connect(env, *oidc_args(provider))
     code, _, err = running.finish()
     assert code == 1 and "egress" in err.lower(), err
-    assert not running._url
+    assert not running.shown
     assert CredentialStore(db).list(uuid.UUID(env["TOOLRELAY_OWNER"])) == []
 
 
