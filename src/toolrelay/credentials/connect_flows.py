@@ -22,7 +22,7 @@ import psycopg
 from toolrelay.credentials import connect as flow
 from toolrelay.credentials import crypto
 from toolrelay.credentials.keys import Keyring
-from toolrelay.credentials.store import CredentialStore
+from toolrelay.credentials.store import CredentialStore, _translated
 from toolrelay.db import Database, translate_db_error
 from toolrelay.errors import InvalidArgument, NotFound
 from toolrelay.tokens import Acting, Caller, acting_as, as_acting
@@ -211,12 +211,3 @@ def _row(found: dict[str, Any]) -> FlowRow:
         continued_at=found["continued_at"], nonce=found["nonce"],
         code_verifier=found["code_verifier"], redirect_uri=found["redirect_uri"], sealed=sealed,
     )  # fmt: skip
-
-
-class _translated:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        if isinstance(exc, psycopg.Error):
-            raise translate_db_error(exc) from None
