@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from fastapi import FastAPI
 
@@ -73,6 +74,27 @@ async def test_a_read_call_answers_within_a_second_of_the_upstream(
     assert time.monotonic() - gate.answered_at < WAKE_LIMIT
     assert result.is_error is False, result.content
     assert result.meta is not None and result.meta[META_INVOCATION]["status"] == "completed"
+
+
+async def test_a_read_call_goes_to_the_in_process_worker_as_it_is_inserted(
+    world: World, gate: Gate, app: FastAPI, serve_url: str, database_url: str
+) -> None:
+    """tools/call through `serve`: the call is claimed for its worker by the insert
+    (migration 0036), never by a claim UPDATE (tests/api/test_claim_at_invoke.py)."""
+    worker = app.state.toolrelay.handoff.worker
+    async with http_client(serve_url, world.agent_token) as client:
+        call = asyncio.create_task(client.call_tool("held.read", {}))
+        assert await until_async(outcomes_of(app).waiting)  # held at the upstream
+        with psycopg.connect(database_url) as conn:
+            row = conn.execute(
+                "SELECT lease_owner, attempt, updated_at = created_at FROM agents.tool_invocations"
+                " WHERE agent_id = %s ORDER BY created_at DESC LIMIT 1",
+                (world.agent_id,),
+            ).fetchone()
+        gate.open()
+        result = await call
+    assert row == (worker.settings.worker_id, 1, True)
+    assert result.is_error is False, result.content
 
 
 async def test_awaiting_approval_at_once_then_status_wakes_on_the_outcome(

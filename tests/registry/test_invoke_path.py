@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -256,3 +257,34 @@ def test_the_list_stamp_tells_nothing_of_other_agents(registry: Registry) -> Non
     assert own[0][0]["stamp"] == as_agent.tools_stamp() and own[0][0]["stamp"]
     assert peer[0][0]["stamp"] is None
     assert foreign[0][0]["stamp"] == empty[0][0]["stamp"] != own[0][0]["stamp"]
+
+
+def test_the_insert_against_a_read_version_answers_only_for_the_callers_own(
+    db: Database, database_url: str
+) -> None:
+    """agents.invoke_seen runs as definer (migration 0036): called by hand with the right
+    version of a tool it may not call (another tenant's, or its own tenant's unassigned),
+    it makes nothing and says only "read again" (NULL)."""
+    alice, bob = Registry(db, uuid.uuid4()), Registry(db, uuid.uuid4())
+    agent, mine = agent_with_tool(alice)
+    unassigned = add_tool(alice, "echo.other")
+    _, theirs = agent_with_tool(bob)
+    agent_id = alice.get_agent(agent)["id"]
+    as_agent = Registry(db, alice.owner, agent_id=agent_id)
+    admin_of_alice = owner_identity(alice.owner)
+
+    def seen(identity: tuple[str, str, str], tool: dict[str, Any]) -> Any:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            version = conn.execute("SELECT agents.tool_version(%s)", (tool["id"],)).fetchone()
+        with db.trips() as trips:
+            [[row]] = trips.run(identity, [(
+                "SELECT agents.invoke_seen(%(agent)s, NULL, %(tool)s, '{}', NULL, %(v)s) AS id",
+                {"agent": agent_id, "tool": tool["id"], "v": version[0] if version else None},
+            )])  # fmt: skip
+        return row["id"]
+
+    assert seen(as_agent.identity, theirs) is None
+    assert seen(admin_of_alice, theirs) is None
+    assert seen(as_agent.identity, unassigned) is None
+    assert seen(as_agent.identity, mine) is not None  # the version right, the call its own
+    assert len(alice.list_invocations()) == 1 and not bob.list_invocations()

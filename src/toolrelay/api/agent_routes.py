@@ -16,6 +16,7 @@ from toolrelay.api.paths import Wait, wait_for_invocation
 from toolrelay.db.connect import Row
 from toolrelay.export.names import key_for, may_be_exported
 from toolrelay.registry import Registry
+from toolrelay.registry.service import Claim
 from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1/agent", tags=["agent"])
@@ -76,7 +77,12 @@ async def invoke(
 ) -> s.InvocationOut:
     registry = context.registry(caller)
     mark = context.outcomes.mark()  # before the call: its first read may be skipped
-    invocation_id = await run_in_threadpool(_invoke, registry, _me(caller), body)
+    claim = context.handoff.reserve()  # a slot of the in-process worker, if there is one
+    invocation_id = None
+    try:
+        invocation_id = await run_in_threadpool(_invoke, registry, _me(caller), body, claim)
+    finally:  # a call waiting for approval was not claimed: the worker finds that
+        context.handoff.settle(claim, invocation_id)
     response.headers["Location"] = f"/v1/agent/invocations/{invocation_id}"
     # One request instead of POST + GET ?wait: settled once finished or awaiting approval
     # (GET ?wait waits on the decision).
@@ -87,9 +93,9 @@ async def invoke(
     return s.InvocationOut.model_validate(row)
 
 
-def _invoke(registry: Registry, me: str, body: s.InvokeIn) -> UUID:
+def _invoke(registry: Registry, me: str, body: s.InvokeIn, claim: Claim | None) -> UUID:
     tool = _tool_key(registry, me, body.tool)
-    return registry.invoke(me, tool, body.input, body.run_id, reason=body.reason)
+    return registry.invoke(me, tool, body.input, body.run_id, reason=body.reason, claim=claim)
 
 
 @router.get(

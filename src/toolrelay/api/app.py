@@ -74,11 +74,13 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         worker = Worker(context.db.url, settings.worker, settings.keyring, settings.egress)
         worker.on_outcomes = context.outcomes.hand  # the hand-off: same process, same loop
         running[:] = [worker]
+        context.handoff.worker = worker  # calls made here go to it directly
         task = asyncio.create_task(worker.run(), name="toolrelay-worker")
         task.add_done_callback(_report_worker_exit)  # the worker logs its own start line
         try:
             yield
         finally:
+            context.handoff.worker = None
             worker.stop()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(task), WORKER_STOP_TIMEOUT)

@@ -16,6 +16,7 @@ from toolrelay.api.limits import (
 from toolrelay.credentials import CredentialStore, Keyring
 from toolrelay.db import Database
 from toolrelay.dispatch.egress import EgressPolicy
+from toolrelay.dispatch.handoff import HandOff
 from toolrelay.dispatch.outcomes import Outcomes
 from toolrelay.dispatch.worker import WorkerSettings
 from toolrelay.registry import Registry
@@ -55,6 +56,8 @@ class ApiContext:
     outcomes: Outcomes
     signins: SignIns
     oidc: OidcClient | None = None
+    # the in-process worker's door for this process's calls (dispatch/handoff.py)
+    handoff: HandOff = field(default_factory=HandOff)
     csrf_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     @classmethod

@@ -97,6 +97,10 @@ class DispatchStore:
         head, picked, rest = self.q["claim"].partition("WITH picked AS (")
         assert picked, "the claim query starts its CTEs with picked"
         self.waking_claim = f"{head}WITH woke AS ({self.q['wake']}), picked AS ({rest}"
+        # The hand-off's rows (migration 0036) with the tool's part as the claim reads it.
+        _, numbered, tail = self.q["claim"].partition("), numbered AS (")
+        assert numbered, "the claim query's claimed CTE is followed by numbered"
+        self.adopt_query = f"WITH claimed AS ({self.q['adopt']}{numbered}{tail}"
         # Exists only to prove the chaos check can fail (docs/reliability.md); never set it.
         if os.environ.get("TOOLRELAY_TEST_UNSAFE_NO_FENCING") == "1":
             self.finish_query = self.finish_query.replace(FINISH_FENCE, "")
@@ -106,6 +110,13 @@ class DispatchStore:
         async with self.pool.connection() as conn:
             query = self.waking_claim if wake else self.q["claim"]
             cur = await conn.execute(query, self._claiming(limit, lease_seconds))
+            return share_tools(await cur.fetchall())
+
+    async def adopt(self, ids: Sequence[UUID]) -> list[Row]:
+        """The calls claimed for this worker as they were made (migration 0036), as
+        ``claim`` returns them; ids no longer this worker's first attempt are left out."""
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self.adopt_query, {"ids": list(ids), "worker": self.worker})
             return share_tools(await cur.fetchall())
 
     async def sleep_and_claim(self, limit: int, lease_seconds: float) -> tuple[bool, list[Row]]:

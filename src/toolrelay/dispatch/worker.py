@@ -152,6 +152,10 @@ class Worker:
         self.sending = 0  # of those, outcome not decided yet: they hold a slot
         self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
         self.recording: set[UUID] = set()
+        # Calls this process is making, claimed for this worker as they are inserted
+        # (``reserve``/``adopt``, migration 0036): each holds a slot until its row starts.
+        self.reserved = 0
+        self._adopting: Batcher[UUID | None, None] | None = None
         # In `serve`, the app's Outcomes.hand: its waiters wake as soon as `finish` commits,
         # without waiting for the NOTIFY (still sent, for every other process), and are
         # handed the outcome as written (id -> row, None where a read must tell).
@@ -187,6 +191,7 @@ class Worker:
             # resets; every send must be an attempt we count and record, so turn that off.
             session._retry_connection = False
             self.executor = Executor(session, self.egress, self._resolve, self._before_send)
+            self._adopting = Batcher(self._flush_adopted)
             self._registering = asyncio.create_task(self._registration())
             side = [
                 asyncio.create_task(self._listen()),
@@ -198,6 +203,7 @@ class Worker:
             try:
                 await self._loop()
             finally:
+                self._adopting = None  # no more hand-offs: calls made from now on notify
                 await self._shutdown()
                 for task in side:
                     task.cancel()
@@ -260,8 +266,50 @@ class Worker:
         """Slots for new calls: one per call not being sent, while the results waiting to
         be recorded stay within RECORDING_PER_SLOT per slot."""
         concurrency = self.settings.concurrency
-        backlog = (1 + RECORDING_PER_SLOT) * concurrency - len(self.inflight)
-        return min(concurrency - self.sending, backlog)
+        backlog = (1 + RECORDING_PER_SLOT) * concurrency - len(self.inflight) - self.reserved
+        return min(concurrency - self.sending - self.reserved, backlog)
+
+    # --- calls handed over by this process (migration 0036) ------------------------------
+
+    def reserve(self) -> tuple[str, float] | None:
+        """A slot for a call this process is about to make: the claim to make it with
+        (worker id, lease seconds; Registry.invoke's ``claim``), or None when this worker is
+        not running or has no slot free (the call is then made unclaimed, and notifies).
+        Every reservation is followed by ``adopt``. Called in this worker's event loop."""
+        if self._adopting is None or self.stopping.is_set() or self._free() <= 0:
+            return None
+        self.reserved += 1
+        return self.settings.worker_id, self.settings.lease_seconds
+
+    def adopt(self, invocation_id: UUID | None) -> None:
+        """After ``reserve``: send the call made with that claim (None: no call was made,
+        or it waits for approval). Its slot stays reserved until its row is read."""
+        if invocation_id is None or self._adopting is None:
+            self.reserved -= 1
+            if invocation_id is not None:  # stopping: its lease runs out, another claims it
+                log.info(
+                    "a call made while stopping is left to its lease",
+                    extra={"action": "adopt_skipped", "invocation_id": str(invocation_id)},
+                )
+            return
+        self._adopting.enqueue(invocation_id)
+
+    async def _flush_adopted(self, ids: Sequence[UUID | None]) -> list[None]:
+        """One read for every call handed over since the last: started like claimed rows
+        (the tool's settings and gating read now, as a claim reads them). A call not found
+        as this worker's first attempt (it waits for approval, or its lease ran out and
+        someone else has it) is not started."""
+        wanted = [i for i in ids if i is not None]
+        try:
+            rows = (await self._db_call(self.store.adopt(wanted))) if wanted else []
+        finally:
+            self.reserved -= len(ids)
+        if self.stopping.is_set() and rows:  # not started: give them back to any worker
+            await self._db_call(self.store.release([row["id"] for row in rows]))
+            rows = []
+        for row in rows or ():
+            self._start(row)
+        return [None] * len(ids)
 
     def _result_linger(self) -> float:
         return RESULT_LINGER if self.sending else 0.0

@@ -118,7 +118,9 @@ class McpEndpoint:
         self.public_url = public_url()
         self.oauth = ResourceServer(self.issuers) if self.issuers else None
         self.bindings = OAuthBindings(context.db)
-        self.server = build_server(context.db, caller_from_request, settings, context.outcomes)
+        self.server = build_server(
+            context.db, caller_from_request, settings, context.outcomes, context.handoff
+        )
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
             # Host/Origin checks are done here (any Host may be legitimate behind a proxy).

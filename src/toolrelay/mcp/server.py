@@ -42,6 +42,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from toolrelay import __version__
 from toolrelay.db import Database
 from toolrelay.db.connect import Row
+from toolrelay.dispatch.handoff import HandOff
 from toolrelay.dispatch.outcomes import Outcomes
 from toolrelay.errors import (
     ConfigurationError,
@@ -443,12 +444,18 @@ def unknown_tool(name: str) -> MCPError:
 
 class _Handlers:
     def __init__(
-        self, db: Database, caller_for: CallerFor, settings: McpSettings, outcomes: Outcomes
+        self,
+        db: Database,
+        caller_for: CallerFor,
+        settings: McpSettings,
+        outcomes: Outcomes,
+        handoff: HandOff | None = None,
     ) -> None:
         self.db = db
         self.caller_for = caller_for
         self.settings = settings
         self.outcomes = outcomes
+        self.handoff = handoff or HandOff()
         self.watch = ListWatch()
 
     async def _registry(self, ctx: ServerRequestContext[Any, Any]) -> tuple[Registry, str]:
@@ -483,15 +490,19 @@ class _Handlers:
         if params.name == STATUS_TOOL:
             return await self._status(registry, agent, arguments)
         mark = self.outcomes.mark()  # before the call: its first read may be skipped
+        claim = self.handoff.reserve()  # a slot of the in-process worker, if there is one
+        called = None
         try:
-            called = await _run(registry.call, params.name, arguments, _reason(params))
+            called = await _run(registry.call, params.name, arguments, _reason(params), claim)
             if called.tool is None and may_be_exported(params.name):  # another client's name
                 rows = await _run(registry.agent_tools, agent)
                 key = key_for(params.name, (r["key"] for r in rows))
                 if key is not None and key != params.name:
-                    called = await _run(registry.call, key, arguments, _reason(params))
+                    called = await _run(registry.call, key, arguments, _reason(params), claim)
         except ToolrelayError as exc:  # invalid_input, the database is down, ...
             return error_result(exc.code, exc.message)
+        finally:  # a call waiting for approval was not claimed: the worker finds that
+            self.handoff.settle(claim, called.invocation_id if called is not None else None)
         await self.watch.seen(ctx, called.stamp)
         if called.tool is None or called.invocation_id is None:
             raise unknown_tool(params.name)  # unassigned, denied, disabled or unknown
@@ -590,10 +601,14 @@ def build_server(
     caller_for: CallerFor,
     settings: McpSettings | None = None,
     outcomes: Outcomes | None = None,
+    handoff: HandOff | None = None,
 ) -> Server[Any]:
     """The MCP server; ``caller_for`` names the agent each request acts as. ``outcomes``:
-    the process's listener for finished calls (``serve`` shares the API's), else a new one."""
-    handlers = _Handlers(db, caller_for, settings or McpSettings(), outcomes or Outcomes(db.url))
+    the process's listener for finished calls (``serve`` shares the API's), else a new one;
+    ``handoff``: ``serve``'s in-process worker, which this server's calls go to directly."""
+    handlers = _Handlers(
+        db, caller_for, settings or McpSettings(), outcomes or Outcomes(db.url), handoff
+    )
     return _Server(
         "toolrelay",
         version=__version__,

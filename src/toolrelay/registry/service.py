@@ -139,13 +139,20 @@ _STALE_REFUSALS = frozenset({"P0002", "TR001", "TR002", "TR005"})
 # set_config(..., true) ends with its transaction, so none is left from an earlier call).
 # A call that may wait for approval also answers whether its tool has rules to apply
 # (``policed``, migration 0028: NULL, it does not wait).
-_REASON = " FROM (SELECT set_config('toolrelay.call_reason', %(reason)s, true)) AS r"
+_REASON = "(SELECT set_config('toolrelay.call_reason', %(reason)s, true)) AS r"
+# A call claimed for a worker as it is inserted (migration 0036; `serve`'s hand-off to its
+# in-process worker): the transaction says which worker, for how long.
+_CLAIM = (
+    "(SELECT set_config('toolrelay.claim_worker', %(claim_worker)s, true),"
+    " set_config('toolrelay.claim_lease', %(claim_lease)s, true)) AS c"
+)
 _POLICED = ", agents.tool_policed(%(tool)s) AS policed"
 _INSERT_SEEN = (
     "SELECT agents.invoke_seen(%(agent)s, %(name)s, %(tool)s, %(input)s, %(run)s,"
     " %(version)s) AS id"
 )
 MAX_REASON: Final = 1000  # characters (the column's check)
+Claim = tuple[str, float]  # (worker id, lease seconds): Worker.reserve's
 
 # In FROM, not `SELECT (fn_register_tool(...)).*`: that form calls the function once per
 # column of its row (PostgreSQL expands it so): 31 upserts, and 31 audit rows computed, a tool.
@@ -366,9 +373,11 @@ class Registry:
         input: Mapping[str, Any] | None = None,
         run_id: UUID | None = None,
         reason: str | None = None,
+        claim: Claim | None = None,
     ) -> UUID:
         """Validate the input against schema_input, then record the invocation (with the
-        agent's stated ``reason``, shown to whoever decides it)."""
+        agent's stated ``reason``, shown to whoever decides it); ``claim``: claimed for that
+        worker as it is inserted, unless it waits for approval (migration 0036)."""
         payload = _payload(input)
         reason = _reason(reason)
         assigned = self.agent_id is not None
@@ -381,8 +390,9 @@ class Registry:
                 seen = SEEN.get(key)
                 if seen is not None:
                     made = _insert_seen(
-                        trips, identity, seen, agent_name, payload, run_id, assigned, reason=reason
-                    )
+                        trips, identity, seen, agent_name, payload, run_id, assigned,
+                        reason=reason, claim=claim,
+                    )  # fmt: skip
                     if made is not None:
                         return self._made(made[0][0])
                     SEEN.drop(key)
@@ -398,7 +408,7 @@ class Registry:
                 agent_id, tool_id = found["agent_id"], found["tool_id"]
                 [[row]] = trips.run(
                     identity,
-                    [_insert_call(agent_id, tool_id, checked, run_id, reason)],
+                    [_insert_call(agent_id, tool_id, checked, run_id, reason, claim)],
                     retry=False,
                 )
                 gated = {"gated": row["policed"] is not None}  # for the next call's insert
@@ -418,7 +428,11 @@ class Registry:
         return invocation_id
 
     def call(
-        self, key: str, input: Mapping[str, Any] | None = None, reason: str | None = None
+        self,
+        key: str,
+        input: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+        claim: Claim | None = None,
     ) -> Called:
         """An agent's call by tool key, as this registry's agent: the tool as the agent may
         call it and the invocation made, or neither when it may not call it (unassigned,
@@ -437,8 +451,9 @@ class Registry:
                 seen = SEEN.get(cache_key)
                 if seen is not None:
                     made = _insert_seen(
-                        trips, identity, seen, None, payload, None, True, [stamp], reason=reason
-                    )
+                        trips, identity, seen, None, payload, None, True, [stamp],
+                        reason=reason, claim=claim,
+                    )  # fmt: skip
                     if made is not None:
                         inserted, stamped = made[0][0], made[1][0]
                         return Called(seen.row, self._made(inserted), stamped["stamp"])
@@ -455,7 +470,7 @@ class Registry:
                 SEEN.put(cache_key, seen)
                 [[row]] = trips.run(
                     identity,
-                    [_insert_call(self.agent_id, tool_id, checked, None, reason)],
+                    [_insert_call(self.agent_id, tool_id, checked, None, reason, claim)],
                     retry=False,
                 )
         except psycopg.Error as exc:
@@ -683,6 +698,7 @@ def _insert_seen(
     agent: bool,
     more: Sequence[Query] = (),
     reason: str | None = None,
+    claim: Claim | None = None,
 ) -> list[list[Row]] | None:
     """The insert against what was read before; None when that is stale (or refuses the
     input, which a fresh read decides). ``agent``: the caller is the agent (strict nulls)."""
@@ -692,9 +708,10 @@ def _insert_seen(
         return None
     params = {"agent": seen.agent_id, "name": agent_name, "tool": seen.tool_id,
               "input": Jsonb(checked), "run": run_id, "version": seen.version,
-              "reason": reason}  # fmt: skip
+              "reason": reason} | _claim_params(claim)  # fmt: skip
     # The rules' question only for a tool read as gated: an ungated call asks nothing more.
-    sql = _INSERT_SEEN + (_POLICED if seen.row.get("gated") else "") + _reason_clause(reason)
+    sql = _INSERT_SEEN + (_POLICED if seen.row.get("gated") else "")
+    sql += _settings_clause(reason, claim)
     try:
         results = trips.run(identity, [(sql, params), *more], retry=False)
     except psycopg.Error as exc:
@@ -705,16 +722,34 @@ def _insert_seen(
 
 
 def _insert_call(
-    agent_id: Any, tool_id: Any, payload: Any, run_id: UUID | None, reason: str | None = None
+    agent_id: Any,
+    tool_id: Any,
+    payload: Any,
+    run_id: UUID | None,
+    reason: str | None = None,
+    claim: Claim | None = None,
 ) -> Query:
     sql = "SELECT fn_invoke_tool(%(agent)s, %(tool)s, %(input)s, %(run)s) AS id"
-    sql += _POLICED + _reason_clause(reason)
+    sql += _POLICED + _settings_clause(reason, claim)
     params = {"agent": agent_id, "tool": tool_id, "input": Jsonb(payload), "run": run_id}
-    return sql, params | {"reason": reason}
+    return sql, params | {"reason": reason} | _claim_params(claim)
 
 
-def _reason_clause(reason: str | None) -> str:
-    return _REASON if reason is not None else ""
+def _settings_clause(reason: str | None, claim: Claim | None) -> str:
+    """The FROM clause that sets what the insert reads from the transaction's settings;
+    nothing is set that was not given (none is left from an earlier call: they end with
+    their transaction)."""
+    parts = [_REASON] if reason is not None else []
+    if claim is not None:
+        parts.append(_CLAIM)
+    return " FROM " + ", ".join(parts) if parts else ""
+
+
+def _claim_params(claim: Claim | None) -> dict[str, str]:
+    if claim is None:
+        return {}
+    worker, lease = claim
+    return {"claim_worker": worker, "claim_lease": repr(float(lease))}
 
 
 def _reason(reason: str | None) -> str | None:

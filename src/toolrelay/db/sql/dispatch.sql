@@ -64,6 +64,17 @@ SELECT n.id, n.owner, n.agent_id, n.tool_id, n.input, n.attempt, n.approval_stat
   LEFT JOIN agents.agents a ON a.id = n.agent_id
   LEFT JOIN agents.tool_assignments s ON s.agent_id = n.agent_id AND s.tool_id = n.tool_id;
 
+-- name: adopt
+-- The calls this process made and claimed for this worker as it inserted them (migration
+-- 0036; `serve` hands them over), returned as the claim returns its rows: not run alone,
+-- store.py puts it in place of the claim's picked and claimed CTEs. attempt = 1: a call
+-- whose lease ran out and was claimed again by anyone is not this hand-off's any more.
+SELECT i.id, i.owner, i.agent_id, i.tool_id, i.input, i.attempt, i.approval_status,
+       i.approval_expires_at, i.config_fingerprint, i.request_digest, i.sent_at
+  FROM agents.tool_invocations i
+ WHERE i.id = ANY (%(ids)s::uuid[]) AND i.lease_owner = %(worker)s AND i.attempt = 1
+   AND coalesce(i.status, '') = 'running';
+
 -- name: wake
 -- A worker that was registered asleep (migration 0018) is awake: calls stop notifying it.
 -- Not run alone: store.py prefixes it to the claim as a CTE (WITH woke AS (...), ...), so
