@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from bench import peer
 from bench.constants import REPO_DIR, Sizes
 from bench.context import Context
-from bench.procs import ServerProcesses, Timeline, memory_total_mb, parent_pid
-from bench.setup import create_database, drop_database, provision, server_admin_url, server_version
+from bench.procs import ServerProcesses, Timeline, memory_total_mb
+from bench.setup import postmaster_of, provision, scratch_server, server_version
 from bench.upstream import UpstreamProcess
 
 TIMELINE_INTERVAL_S = 0.1  # CPU and VmHWM sampling period
@@ -87,24 +83,11 @@ def git_state() -> str:
     return f"{head}{' + uncommitted changes in src/' if dirty else ''}"
 
 
-def postmaster_of(url: str) -> int | None:
-    """The PostgreSQL server's main process, when it runs on this machine and is visible."""
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    return parent_pid(row[0]) if row else None
-
-
-def tear_down(
-    ctx: Context | None,
-    timeline: Timeline,
-    upstream: UpstreamProcess | None,
-    ok: bool,
-    databases: list[str],
-    admin_url: str,
-    stop_server: Callable[[], object],
-    say: Say,
+def stop_all(
+    ctx: Context | None, timeline: Timeline, upstream: UpstreamProcess | None, ok: bool, say: Say
 ) -> None:
-    """Stop everything a session started, in order; one failed step must not skip the rest."""
+    """Stop every process a session started, in order; one failed step must not skip the
+    rest (the databases and the server are scratch_server's)."""
     cleanups: list[Callable[[], object]] = []
     if ctx is not None:
         cleanups += [child.kill for child in ctx.running]
@@ -112,8 +95,6 @@ def tear_down(
         cleanups.append(timeline.stop)
     if upstream is not None:
         cleanups.append(upstream.stop if ok else upstream.child.kill)
-    cleanups += [functools.partial(drop_database, admin_url, url) for url in databases]
-    cleanups.append(stop_server)
     for cleanup in cleanups:
         try:
             cleanup()
@@ -129,41 +110,35 @@ def open_session(
 
     The workers run from ``worker_src`` when given, else from a snapshot of src/ taken now.
     """
-    scratch = Path(tempfile.mkdtemp(prefix="toolrelay-bench-"))
-    scratch.chmod(0o755)  # an embedded server runs as its own user and must reach it
-    logs, home = scratch / "logs", scratch / "home"
-    logs.mkdir()
-    home.mkdir()
-    code = {"git": git_state(), "worker_src": str(worker_src) if worker_src else "snapshot"}
-    source = worker_src.resolve() if worker_src else snapshot_source(scratch / "src")
-    code["src_sha1"] = source_digest(source / "toolrelay")
-    admin_url, pg_source, stop_server = server_admin_url(scratch)
-    main_url = create_database(admin_url, "main")
-    peer_url = create_database(admin_url, "peer")
-    upstream: UpstreamProcess | None = None
-    timeline = Timeline({}, TIMELINE_INTERVAL_S)
-    ctx: Context | None = None
-    ok = False
-    try:
-        upstream = UpstreamProcess(dict(os.environ), logs / "upstream.log")
-        fx = provision(main_url, upstream.url)
-        asyncio.run(peer.apply_schema(peer_url))
-        ctx = Context(sizes, quick, fx, peer_url, upstream, logs, home, timeline)
-        ctx.worker_source = source
-        upstream_pid = upstream.child.pid
-        timeline.add("sut", ctx.sut_pids)
-        timeline.hooks.append(ctx.sample_memory)
-        timeline.add("upstream", lambda: [upstream_pid])
-        timeline.add("harness", lambda: [os.getpid()])
-        postmaster = postmaster_of(main_url)
-        if postmaster is not None:
-            timeline.add("postgres", ServerProcesses(postmaster))
-        timeline.start()
-        yield ctx, machine(main_url, pg_source) | {"code": code}
-        ok = True
-    finally:
-        tear_down(ctx, timeline, upstream, ok, [main_url, peer_url], admin_url, stop_server, say)
-        if ok and not keep_logs:
-            shutil.rmtree(scratch, ignore_errors=True)
-        else:
-            say(f"logs kept in {logs}")
+    with scratch_server("toolrelay-bench-", say, keep_logs) as server:
+        scratch = server.scratch
+        logs, home = scratch / "logs", scratch / "home"
+        logs.mkdir()
+        home.mkdir()
+        code = {"git": git_state(), "worker_src": str(worker_src) if worker_src else "snapshot"}
+        source = worker_src.resolve() if worker_src else snapshot_source(scratch / "src")
+        code["src_sha1"] = source_digest(source / "toolrelay")
+        main_url, peer_url = server.database("main"), server.database("peer")
+        upstream: UpstreamProcess | None = None
+        timeline = Timeline({}, TIMELINE_INTERVAL_S)
+        ctx: Context | None = None
+        ok = False
+        try:
+            upstream = UpstreamProcess(dict(os.environ), logs / "upstream.log")
+            fx = provision(main_url, upstream.url)
+            asyncio.run(peer.apply_schema(peer_url))
+            ctx = Context(sizes, quick, fx, peer_url, upstream, logs, home, timeline)
+            ctx.worker_source = source
+            upstream_pid = upstream.child.pid
+            timeline.add("sut", ctx.sut_pids)
+            timeline.hooks.append(ctx.sample_memory)
+            timeline.add("upstream", lambda: [upstream_pid])
+            timeline.add("harness", lambda: [os.getpid()])
+            postmaster = postmaster_of(main_url)
+            if postmaster is not None:
+                timeline.add("postgres", ServerProcesses(postmaster))
+            timeline.start()
+            yield ctx, machine(main_url, server.source) | {"code": code}
+            ok = True
+        finally:
+            stop_all(ctx, timeline, upstream, ok, say)

@@ -14,18 +14,15 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from psycopg import conninfo
 
 from bench import floor, peer
 from bench.constants import CONCURRENCY, DRAIN_TIMEOUT_S
 from bench.context import Context
-from bench.procs import Child, ServerProcesses, Usage, python_module, wait_all
-from bench.session import postmaster_of
-from bench.setup import admin, clear_invocations, drain_stats, enqueue
+from bench.procs import Child, DatabaseBackends, ServerProcesses, Usage, python_module, wait_all
+from bench.setup import admin, clear_invocations, dbname, drain_stats, enqueue, postmaster_of
 from bench.upstream import Arrivals
 from bench.workers import gate, wait_blocked
 
@@ -33,37 +30,12 @@ US = 1e6  # microseconds per second
 SETTLE_S = 0.5  # pause after a phase so that exits and checkpoints do not bleed into the next
 
 
-class DatabaseBackends:
-    """The PostgreSQL processes working for the benchmark's own databases: the server's
-    children whose command line names one of them (backends, autovacuum workers). Other
-    people's databases on a shared server are left out, and so are the shared background
-    processes (WAL writer, checkpointer), so this undercounts a little; ``postgres`` counts
-    everything."""
-
-    def __init__(self, server: Callable[[], list[int]], databases: Sequence[str]) -> None:
-        self.server = server
-        self.names = [f" {conninfo.conninfo_to_dict(url)['dbname']} ".encode() for url in databases]
-
-    def __call__(self) -> list[int]:
-        found = []
-        for pid in self.server()[1:]:  # the first is the postmaster itself
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    line = fh.read().replace(b"\0", b" ") + b" "
-            except OSError:
-                continue
-            if any(name in line for name in self.names):
-                found.append(pid)
-        return found
-
-
 def watch_databases(ctx: Context) -> None:
-    """Add ``pg_db`` (see DatabaseBackends) to the CPU timeline, when the server is local."""
+    """Add ``pg_db`` (procs.DatabaseBackends) to the CPU timeline, when the server is local."""
     postmaster = postmaster_of(ctx.fx.url)
     if postmaster is not None:
-        ctx.timeline.add(
-            "pg_db", DatabaseBackends(ServerProcesses(postmaster), [ctx.fx.url, ctx.peer_url])
-        )
+        names = [dbname(ctx.fx.url), dbname(ctx.peer_url)]
+        ctx.timeline.add("pg_db", DatabaseBackends(ServerProcesses(postmaster), names))
 
 
 @dataclass

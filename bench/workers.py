@@ -41,18 +41,7 @@ class WorkerLaunch:
     extra: tuple[str, ...] = ()  # more `toolrelay worker` options (e.g. --no-sleep-protocol)
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLRELAY_")}
-        env |= {
-            "DATABASE_URL": self.fx.url,
-            "TOOLRELAY_EGRESS_ALLOW": "127.0.0.1",
-            "TOOLRELAY_MASTER_KEY": self.fx.master_key,
-            "TOOLRELAY_HOME": str(self.home),
-        }
-        if self.source is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                filter(None, [str(self.source), env.get("PYTHONPATH")])
-            )
-        return env
+        return toolrelay_env(self.fx, self.home, self.source)
 
     def argv(self, interpreter: Sequence[str] = ()) -> list[str]:
         """``interpreter`` replaces plain ``python`` (e.g. py-spy record -- python)."""
@@ -66,6 +55,22 @@ class WorkerLaunch:
 
     def start(self, name: str, interpreter: Sequence[str] = ()) -> Child:
         return Child(name, self.argv(interpreter), self.env(), self.logs / f"{name}.log")
+
+
+def toolrelay_env(fx: Fixture, home: Path, source: Path | None = None) -> dict[str, str]:
+    """The environment of a toolrelay process under test (worker or serve): this run's
+    database and master key, its own home, egress allowed to the loopback upstream, none of
+    the harness's other TOOLRELAY_ settings; ``source`` (a copy of src/) first on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLRELAY_")}
+    env |= {
+        "DATABASE_URL": fx.url,
+        "TOOLRELAY_EGRESS_ALLOW": "127.0.0.1",
+        "TOOLRELAY_MASTER_KEY": fx.master_key,
+        "TOOLRELAY_HOME": str(home),
+    }
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
+    return env
 
 
 def py_spy() -> str | None:
