@@ -20,14 +20,13 @@ import psycopg
 from procrastinate.types import JSONValue
 from psycopg.rows import dict_row
 
-from bench.constants import API_KEY_HEADER, API_KEY_PREFIX, API_KEY_SECRET, INVOCATION_HEADER
+from bench.constants import REQUEST_TIMEOUT_S, call_headers
 
 VERSION = version("procrastinate")
 TASK_NAME = "bench_call"
 DEFER_CHUNK = 1_000  # jobs per batch_defer_async call
 POOL_MAX = 8  # connections of the procrastinate worker (psycopg_pool's default is 4)
 POLL_INTERVAL_S = 0.1  # fetch_job_polling_interval: the worker has everything queued up front
-REQUEST_TIMEOUT_S = 30.0
 TERMINAL = ("succeeded", "failed", "cancelled", "aborted")
 
 
@@ -55,7 +54,7 @@ def make_app(url: str, pool_max: int = POOL_MAX) -> procrastinate.App:
 
     @app.task(name=TASK_NAME)
     async def call(n: int, inv: str) -> None:
-        headers = {INVOCATION_HEADER: inv, API_KEY_HEADER: f"{API_KEY_PREFIX}{API_KEY_SECRET}"}
+        headers = call_headers(inv)
         async with _Client.get().post(_Client.upstream, json={"n": n}, headers=headers) as resp:
             resp.raise_for_status()
             await resp.json()
