@@ -29,9 +29,8 @@ from bench.constants import (
     RESULTS_MD,
     SCALING_WORKERS,
 )
-from bench.context import Context
 from bench.procs import loadavg, noise_sample
-from bench.session import open_session
+from bench.session import Context, open_session
 from bench.targets import evaluate
 
 PHASES = ("throughput", "latency", "scaling", "memory", "invoke", "profile")

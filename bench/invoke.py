@@ -24,8 +24,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from bench.constants import AGENT_NAME, INVOKE_THREADS, TOOL_KEY
-from bench.context import Context
 from bench.latency import INVOKE_SQL, percentiles
+from bench.session import Context
 from bench.setup import Fixture, act_as_owner, admin, clear_invocations
 from toolrelay.db import Database
 from toolrelay.registry import Registry
@@ -56,7 +56,7 @@ Call = Callable[[int], None]
 Close = Callable[[], None]
 
 
-def _hammer(
+def hammer(
     ctx: Context,
     name: str,
     make_call: Callable[[], tuple[Call, Close]],
@@ -87,7 +87,6 @@ def _hammer(
     threads = [threading.Thread(target=thread, args=(i,)) for i in range(threads_n)]
     for t in threads:
         t.start()
-    ctx.running = []
     began_at = time.time()
     began = time.monotonic()
     stop_at[0] = began + seconds
@@ -109,7 +108,7 @@ def _hammer(
     )
 
 
-def _registry_call(db: Database, owner: UUID) -> tuple[Call, Close]:
+def registry_call(db: Database, owner: UUID) -> tuple[Call, Close]:
     registry = Registry(db, owner)
 
     def call(k: int) -> None:
@@ -135,7 +134,7 @@ def _before_call(db: Database, owner: UUID) -> tuple[Call, Close]:
     return call, lambda: None
 
 
-def _sql_call(fx: Fixture) -> tuple[Call, Close]:
+def sql_call(fx: Fixture) -> tuple[Call, Close]:
     conn = psycopg.connect(fx.url, autocommit=True)
     act_as_owner(conn, fx.owner)
 
@@ -163,18 +162,19 @@ def run(ctx: Context, seconds: float) -> list[InvokeResult]:
     fx = ctx.fx
     db = Database(fx.url, pool_size=INVOKE_THREADS)
     variants: list[tuple[str, Callable[[], tuple[Call, Close]], int]] = [
-        ("Registry.invoke", lambda: _registry_call(db, fx.owner), INVOKE_THREADS),
-        ("fn_invoke_tool", lambda: _sql_call(fx), INVOKE_THREADS),
-        ("fn_invoke_tool", lambda: _sql_call(fx), WIDE_THREADS),
+        ("Registry.invoke", lambda: registry_call(db, fx.owner), INVOKE_THREADS),
+        ("fn_invoke_tool", lambda: sql_call(fx), INVOKE_THREADS),
+        ("fn_invoke_tool", lambda: sql_call(fx), WIDE_THREADS),
     ]
     before = ("4 statements (before)", lambda: _before_call(db, fx.owner), INVOKE_THREADS)
     results = []
+    ctx.running = []  # no system under test but the threads (the harness's CPU)
     try:
         for mode in NOTIFY_MODES:
             _set_notify(fx.url, mode)
             for name, make, threads_n in variants + ([before] if mode == "" else []):
                 clear_invocations(fx.url)
-                results.append(_hammer(ctx, name + mode, make, seconds, threads_n))
+                results.append(hammer(ctx, name + mode, make, seconds, threads_n))
     finally:
         _set_notify(fx.url, "")
         db.close()

@@ -8,6 +8,7 @@ and self time per area (psycopg, aiohttp, the event loop, logging ...).
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -15,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.constants import PROFILE_RATE_HZ, PROFILE_TOP
-from bench.context import Context
 from bench.procs import python_module
+from bench.session import Context
 from bench.throughput import DrainResult, drain_toolrelay
-from bench.workers import py_spy
 
 # Inclusive time of these frames (function name as py-spy prints it) tells the story.
 STEPS = {
@@ -101,6 +101,12 @@ def summarize(
     by_area = {a: pct(n) for a, n in areas.most_common()}
     top = [(frame, pct(n)) for frame, n in self_time.most_common(PROFILE_TOP)]
     return total, steps, by_area, top
+
+
+def py_spy() -> str | None:
+    """py-spy on PATH, else beside this interpreter (the venv's bin/)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
 
 
 def run(ctx: Context, n: int, out_dir: Path, stamp: str) -> ProfileResult:

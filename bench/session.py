@@ -1,4 +1,5 @@
-"""One benchmark session: fresh databases, the upstream, the CPU timeline; all torn down."""
+"""One ``python -m bench`` session: fresh databases, the upstream, the CPU timeline, the
+context every phase gets; all torn down at the end."""
 
 from __future__ import annotations
 
@@ -11,18 +12,52 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench import peer
 from bench.constants import REPO_DIR, Sizes
-from bench.context import Context
-from bench.procs import ServerProcesses, Timeline, memory_total_mb
-from bench.setup import postmaster_of, provision, scratch_server, server_version
+from bench.procs import Child, ServerProcesses, Timeline, memory_total_mb
+from bench.setup import Fixture, postmaster_of, provision, scratch_server, server_version
 from bench.upstream import UpstreamProcess
+from bench.workers import WorkerLaunch
 
 TIMELINE_INTERVAL_S = 0.1  # CPU and VmHWM sampling period
 Say = Callable[[str], None]
+
+
+@dataclass
+class Context:
+    """What every phase of ``python -m bench`` needs: the database and fixture, the upstream,
+    where logs go, the CPU timeline and which children it counts as the system under test."""
+
+    sizes: Sizes
+    quick: bool
+    fx: Fixture
+    peer_url: str
+    upstream: UpstreamProcess
+    logs: Path
+    home: Path
+    timeline: Timeline
+    running: list[Child] = field(default_factory=list)  # the timeline's "system under test"
+    worker_source: Path | None = None  # the src/ the workers run: a snapshot, or --worker-src
+
+    def launch(self, drain: bool = True, extra: tuple[str, ...] = ()) -> WorkerLaunch:
+        """Workers of this run (from its copy of src/), with more `toolrelay worker` options."""
+        fx, source = self.fx, self.worker_source
+        return WorkerLaunch(fx, self.logs, self.home, drain=drain, source=source, extra=extra)
+
+    def sample_memory(self) -> None:
+        for child in list(self.running):
+            child.sample_hwm()
+
+    def sut_pids(self) -> list[int]:
+        return [child.pid for child in self.running if child.usage is None]
+
+    def cores(self, start: float, end: float) -> dict[str, float]:
+        """Average cores over an epoch window: machine, system under test, upstream, postgres."""
+        return self.timeline.cores(start, end)
 
 
 def machine(pg_url: str, pg_source: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +34,11 @@ from bench.constants import (
     API_KEY_SECRET,
     DB_PREFIX,
     ENQUEUE_CHUNK,
+    PROCESS_START_TIMEOUT_S,
     TOOL_KEY,
+    WORKER_READY_POLL_S,
 )
-from bench.procs import parent_pid
+from bench.procs import Child, parent_pid
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
 from toolrelay.db import Database, migrate
 from toolrelay.db.connect import owner_identity
@@ -237,6 +239,30 @@ def admin(url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
     """Superuser, autocommit: bookkeeping the harness does between phases."""
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         yield conn
+
+
+def wait_until(
+    url: str,
+    query: str,
+    ready: Callable[[dict[str, Any]], bool],
+    what: str,
+    timeout: float = PROCESS_START_TIMEOUT_S,
+    watch: Sequence[Child] = (),
+) -> None:
+    """Poll ``query`` until ``ready`` accepts its row: a fresh connection each time (so a
+    fresh snapshot: pg_stat_activity is cached per transaction). RuntimeError when a child
+    in ``watch`` exits first, TimeoutError("``what`` ...") after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in watch:
+            if child.poll() is not None:
+                raise RuntimeError(f"{child.name} exited early:\n{child.tail()}")
+        with admin(url) as conn:
+            row = conn.execute(query).fetchone()
+        if row is not None and ready(row):
+            return
+        time.sleep(WORKER_READY_POLL_S)
+    raise TimeoutError(f"{what} within {timeout:g} s")
 
 
 def clear_invocations(url: str) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 
 from bench import floor, peer
 from bench.constants import CONCURRENCY, DRAIN_TIMEOUT_S
-from bench.context import Context
 from bench.procs import Child, DatabaseBackends, ServerProcesses, Usage, python_module, wait_all
+from bench.session import Context
 from bench.setup import admin, clear_invocations, dbname, drain_stats, enqueue, postmaster_of
 from bench.upstream import Arrivals
 from bench.workers import gate, wait_blocked
