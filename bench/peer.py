@@ -3,12 +3,16 @@
 The task sends what the toolrelay worker sends (JSON POST, API key header, an
 X-Toolrelay-Invocation id carried in the job's arguments) and parses the JSON answer.
 
-The worker runs as ``python -m bench.peer_worker DB_URL UPSTREAM_URL CONCURRENCY`` and
-exits once the queue is empty (``wait=False``).
+The harness applies procrastinate's schema (``apply_schema``), defers the jobs
+(``reset_and_defer``) and reads the outcome (``stats``); the worker runs as
+``python -m bench.peer DB_URL UPSTREAM_URL CONCURRENCY`` and exits once the queue is empty
+(``wait=False``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import uuid
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -132,3 +136,7 @@ async def work(url: str, upstream: str, concurrency: int) -> None:
         )
     if _Client.session is not None:
         await _Client.session.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(work(sys.argv[1], sys.argv[2], int(sys.argv[3])))

@@ -199,7 +199,7 @@ def _drain_child(ctx: Context, name: str, module: str, db_url: str) -> tuple[Usa
 def drain_peer(ctx: Context, n: int) -> DrainResult:
     """The same calls as procrastinate jobs, drained by one procrastinate worker process."""
     asyncio.run(peer.reset_and_defer(ctx.peer_url, n))
-    usage, arrivals = _drain_child(ctx, "peer", "bench.peer_worker", ctx.peer_url)
+    usage, arrivals = _drain_child(ctx, "peer", "bench.peer", ctx.peer_url)
     stats = peer.stats(ctx.peer_url)
     window = stats.last_finish - stats.first_start
     time.sleep(SETTLE_S)
