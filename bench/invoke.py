@@ -1,6 +1,10 @@
-"""Invoke cost: how many invocations per second the owner's side can record.
+"""Section 5 of RESULTS.md: invoke cost, how many invocations per second the owner's side
+can record, with no worker running.
 
-Each variant runs N threads for a fixed time, every thread on its own connection:
+Each variant runs N threads for a fixed time (Sizes.invoke_seconds), every thread on its
+own connection, from the harness process; counted: calls completed per second over that
+time, each call's latency, errors, and the cores used over the window (the threads show as
+``harness``). The table is emptied before each variant. The variants:
 - ``Registry.invoke``: the shipped path (BEGIN; identity and lookup pipelined; jsonschema
   validation; fn_invoke_tool; COMMIT: four round trips), each thread its own Registry.
 - ``4 statements (before)``: the path Registry.invoke took until 2026-12-01 (identity,

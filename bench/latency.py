@@ -1,11 +1,17 @@
-"""Latency under a steady load: invocations created at a fixed rate while one worker runs.
+"""Section 2 of RESULTS.md: latency under a steady load, one worker.
 
-Each invocation is its own fn_invoke_tool call (one autocommit statement, as an agent's
-request would be) from one of GENERATOR_CONNECTIONS connections, on an open-loop schedule:
-the k-th is due at t0 + k/rate whether or not earlier ones are done.
-Measured per invocation: created_at (PostgreSQL's now()) → first arrival at the upstream
-(time.time() there), and created_at → finished_at. Both clocks are the machine's real-time
-clock.
+Started: one ``toolrelay worker --no-drain`` (waited for until it LISTENs), then a warm-up
+of LATENCY_WARMUP_S at the first rate (not measured), then each rate of LATENCY_RATES in
+turn (the 1,000/s one for Sizes.sustained_seconds when set). Each invocation is its own
+fn_invoke_tool call (one autocommit statement, as an agent's request would be) from one of
+GENERATOR_CONNECTIONS connections, on an open-loop schedule: the k-th is due at t0 + k/rate
+whether or not earlier ones are done.
+
+Counted per invocation, once all are finished (or SETTLE_CAP_S passed): created_at
+(PostgreSQL's now()) → first arrival at the upstream (time.time() there), and created_at →
+finished_at, as p50/p95/p99/max; both clocks are the machine's real-time clock. Beside
+them: the rate the generator achieved, duplicates, calls that never arrived or did not
+complete, and the cores used over the creation window; the worker's peak RSS over the phase.
 """
 
 from __future__ import annotations

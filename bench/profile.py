@@ -1,8 +1,12 @@
-"""Where a worker's CPU goes: one drain under py-spy (pyinstrument when ptrace is refused).
+"""RESULTS.md's "Profile of one worker": where a worker's CPU goes, in one more drain of
+throughput.py's (Sizes.profile_n queued, one worker) under py-spy (pyinstrument when ptrace
+is refused; full run only).
 
-py-spy samples the worker without touching it and writes collapsed stacks; the summary
-reads them into self time per function, inclusive time of the dispatcher's main steps,
-and self time per area (psycopg, aiohttp, the event loop, logging ...).
+py-spy samples the worker at PROFILE_RATE_HZ without touching it and writes collapsed
+stacks (bench/out/profile-<stamp>.pyspy.txt); the summary reads them into the share of
+samples per function (self time), inclusive time of the dispatcher's main steps (STEPS),
+and self time per area (psycopg, aiohttp, the event loop, logging ...: AREAS). The drain's
+rate is reported, not judged.
 """
 
 from __future__ import annotations

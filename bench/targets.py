@@ -1,4 +1,4 @@
-"""Issue #7's targets, judged against one run's results."""
+"""RESULTS.md's "Targets": issue #7's and issue 14's targets, judged against one run's results."""
 
 from __future__ import annotations
 

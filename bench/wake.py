@@ -1,4 +1,5 @@
-"""Invoke cost with a worker running (issue 14, goal 3, the worker's side).
+"""Section 6 of RESULTS.md: invoke cost with a worker running (issue 14, goal 3, the
+worker's side).
 
 bench/invoke.py measures the invoking side alone (no worker: nobody asleep, nobody
 registered). Here one worker (`toolrelay worker --no-drain`) dispatches every call while the
@@ -6,7 +7,9 @@ same invoke variants run, twice: with the worker following migration 0018's slee
 protocol (it registers, so calls notify only while it sleeps) and with
 `--no-sleep-protocol` (nobody registered: every call notifies, as before 0016). The
 question is goal 3's: does nothing serialize all invokers, i.e. is fn_invoke_tool from 32
-connections at least as fast as from 8, with the dispatcher there.
+connections at least as fast as from 8, with the dispatcher there. Counted as in invoke.py
+(invoke.hammer), for 0.3 x Sizes.invoke_seconds per variant; the worker is the system under
+test in ``cores``, and each variant starts once it has finished the previous one's calls.
 """
 
 from __future__ import annotations
