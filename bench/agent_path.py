@@ -50,10 +50,9 @@ from bench import contextforge
 from bench.constants import OUT_DIR, TOOL_KEY
 from bench.procs import (
     Child,
+    CpuGroups,
     DatabaseBackends,
     ServerProcesses,
-    cpu_between,
-    cpu_of,
     free_port,
     loadavg,
     python_module,
@@ -211,23 +210,6 @@ def sessions_in_process(
 # --- measuring -----------------------------------------------------------------------------
 
 
-class Cpu:
-    """CPU seconds of process groups, "serve" and "postgres", read at a window's edges
-    (procs.cpu_of / cpu_between, as procs.Timeline counts them: pids present at both)."""
-
-    def __init__(self, serve: Callable[[], list[int]], postgres: Callable[[], list[int]]) -> None:
-        self.groups = {"serve": serve, "postgres": postgres}
-
-    def sample(self) -> dict[str, dict[int, float]]:
-        return {name: cpu_of(pids()) for name, pids in self.groups.items()}
-
-    @staticmethod
-    def used(
-        before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]
-    ) -> dict[str, float]:
-        return {name: cpu_between(before[name], after[name]) for name in after}
-
-
 def backends(url: str) -> Callable[[], list[int]]:
     """The database's backends (procs.DatabaseBackends: walwriter and the other shared
     processes are not counted); none when the server's processes are not visible here."""
@@ -238,13 +220,13 @@ def backends(url: str) -> Callable[[], list[int]]:
 
 
 def phase(
-    door: str, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes, tool: str = TOOL_KEY,
+    door: str, base: str, tokens: list[str], cpu: CpuGroups, sizes: Sizes, tool: str = TOOL_KEY,
     lead: float = START_LEAD_S,
 ) -> dict[str, Any]:  # fmt: skip
     calls, warmup, sessions, seconds, processes = sizes
     before = cpu.sample()
     times = asyncio.run(sequential(door, base, tokens[0], calls, warmup, tool))
-    used = Cpu.used(before, cpu.sample())
+    used = cpu.used(before, cpu.sample())
     seq = {
         "p50_ms": statistics.median(times),
         "p99_ms": statistics.quantiles(times, n=100)[98],
@@ -263,7 +245,7 @@ def phase(
         after = cpu.sample()
         counts = [f.result() for f in futures]
         done = sum(c[0] for c in counts)
-    used = Cpu.used(before, after)
+    used = cpu.used(before, after)
     wide = {
         "sessions": sessions,
         "calls": done,
@@ -327,7 +309,7 @@ def reason(exc: BaseException) -> str:
 
 
 def peer_group(
-    upstream_url: str, scratch: Path, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes,
+    upstream_url: str, scratch: Path, base: str, tokens: list[str], cpu: CpuGroups, sizes: Sizes,
     rounds: int,
 ) -> dict[str, Any]:  # fmt: skip
     """toolrelay's MCP door and ContextForge's in alternating rounds; medians and the goal."""
@@ -336,7 +318,7 @@ def peer_group(
     system = "contextforge"  # the one being started or measured
     try:
         with contextforge.running(upstream_url, free_port(), scratch, sizes[2] + 1) as peer:
-            tree = Cpu(serve=ServerProcesses(peer.pid), postgres=list)  # SQLite: in-process
+            tree = CpuGroups(serve=ServerProcesses(peer.pid), postgres=list)  # SQLite: in-process
             for _ in range(rounds):
                 system = "toolrelay"
                 runs[system].append(phase("mcp", base, tokens, cpu, sizes))
@@ -423,7 +405,7 @@ def main(quick: bool, src: str | None = None, peer: bool = True) -> dict[str, An
             base = f"http://127.0.0.1:{port}"
             wait_http(f"{base}/healthz", server, SERVE_START_TIMEOUT_S)
             serve_pid = server.pid
-            cpu = Cpu(serve=lambda: [serve_pid], postgres=backends(url))
+            cpu = CpuGroups(serve=lambda: [serve_pid], postgres=backends(url))
             results: dict[str, Any] = {
                 "load_before": loadavg(), "postgres": pg.source, "sizes": sizes,
                 "src": src or "src/",

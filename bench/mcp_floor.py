@@ -5,7 +5,7 @@
 constant: no database, no dispatch, in a child process. The same SDK client as
 bench/agent_path.py calls it from this process in SESSIONS sessions, back to back, for
 SECONDS s. Counted: calls completed in that window, and the server child's CPU seconds
-(``procs.cpu_seconds``, /proc/<pid>/stat) read before and after it, per call.
+(``procs.CpuGroups``, /proc/<pid>/stat) read before and after it, per call.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench.procs import Child, cpu_seconds, free_port, python_module, wait_http
+from bench.procs import Child, CpuGroups, free_port, python_module, wait_http
 
 SESSIONS, SECONDS, QUICK_SECONDS = 4, 8.0, 3.0
 START_TIMEOUT_S = 30.0
@@ -79,14 +79,15 @@ def main(quick: bool) -> dict[str, float]:
             # Only /mcp is routed: the root's 404 says uvicorn is listening.
             wait_http(f"http://127.0.0.1:{port}/", child, START_TIMEOUT_S, statuses=(200, 404))
             seconds = QUICK_SECONDS if quick else SECONDS
-            before = cpu_seconds(child.pid) or 0.0
+            cpu = CpuGroups(server=lambda: [child.pid])
+            before = cpu.sample()
 
             async def run() -> int:
                 url = f"http://127.0.0.1:{port}/mcp/"
                 return sum(await asyncio.gather(*(calls(url, seconds) for _ in range(SESSIONS))))
 
             done = asyncio.run(run())
-            used = (cpu_seconds(child.pid) or 0.0) - before
+            used = cpu.used(before, cpu.sample())["server"]
             return {"calls_per_s": done / seconds, "server_cpu_ms_per_call": used / done * 1000}
         finally:
             child.stop()

@@ -2,8 +2,8 @@
 
 The one way bench/ starts a process (``Child``, ``python_module``; ready when ``wait_http``
 says so) and reads CPU and memory from /proc: ``Timeline`` samples every 100 ms, for windows
-known only afterwards (from the database's timestamps); ``cpu_of`` / ``cpu_between`` read
-a window's two edges, for windows the harness opens and closes itself.
+known only afterwards (from the database's timestamps); ``CpuGroups`` (``cpu_of`` /
+``cpu_between``) reads a window's two edges, for windows the harness opens and closes itself.
 """
 
 from __future__ import annotations
@@ -267,6 +267,24 @@ def cpu_between(before: Mapping[int, float], after: Mapping[int, float]) -> floa
     """CPU seconds used between two ``cpu_of`` readings by pids present in both (a process
     that exits or starts in between does not count, so a sum never runs backwards)."""
     return sum(s - before[pid] for pid, s in after.items() if pid in before)
+
+
+class CpuGroups:
+    """CPU seconds of named process groups (each a callable listing its pids) read at a
+    window's two edges: ``used(before, after)`` counts, as Timeline does, only pids present
+    at both."""
+
+    def __init__(self, **groups: Callable[[], Sequence[int]]) -> None:
+        self.groups = groups
+
+    def sample(self) -> dict[str, dict[int, float]]:
+        return {name: cpu_of(pids()) for name, pids in self.groups.items()}
+
+    @staticmethod
+    def used(
+        before: Mapping[str, Mapping[int, float]], after: Mapping[str, Mapping[int, float]]
+    ) -> dict[str, float]:
+        return {name: cpu_between(before[name], after[name]) for name in after}
 
 
 def children_of(parent: int) -> list[int]:
