@@ -21,7 +21,7 @@ from bench.constants import (
     TARGET_WORKER_US,
 )
 
-MET, MISSED, EXCUSED, NOT_RUN = "met", "missed", "missed (saturated)", "not run"
+MET, MISSED, EXCUSED = "met", "missed", "missed (saturated)"
 
 
 @dataclass
