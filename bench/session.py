@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import peer
-from bench.constants import REPO_DIR, Sizes
+from bench.constants import PROCESS_START_TIMEOUT_S, REPO_DIR, Sizes
 from bench.procs import Child, ServerProcesses, Timeline, memory_total_mb
 from bench.setup import Fixture, postmaster_of, provision, scratch_server, server_version
 from bench.upstream import UpstreamProcess
@@ -86,14 +86,11 @@ def snapshot_source(into: Path) -> Path:
         into / "toolrelay",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
-    check = subprocess.run(
-        [sys.executable, "-c", "import toolrelay.cli.main"],
-        env=dict(os.environ, PYTHONPATH=str(into)),
-        capture_output=True,
-        text=True,
-    )
-    if check.returncode != 0:
-        raise RuntimeError(f"src/ does not import as it is now:\n{check.stderr[-2000:]}")
+    argv = [sys.executable, "-c", "import toolrelay.cli.main"]
+    env = dict(os.environ, PYTHONPATH=str(into))
+    check = Child("import-check", argv, env, into.parent / "import-check.log")
+    if check.wait(PROCESS_START_TIMEOUT_S).returncode != 0:
+        raise RuntimeError(f"src/ does not import as it is now:\n{check.tail(30)}")
     return into
 
 
