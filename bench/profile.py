@@ -28,7 +28,6 @@ from bench.throughput import DrainResult, drain_toolrelay
 STEPS = {
     "claim (DispatchStore.claim)": "DispatchStore.claim",
     "credential resolve (CredentialResolver.resolve)": "CredentialResolver.resolve",
-    "pool checkout check, every checkout (check_connection)": "AsyncConnectionPool.check_connection",
     "precheck (incl. jsonschema)": "precheck",
     "render request (render_request)": "render_request",
     "mark sent (Worker._flush_sent)": "Worker._flush_sent",
