@@ -12,7 +12,7 @@ time, each call's latency, errors, and the cores used over the window (the threa
 Each runs with every call notifying (as shipped), with NOTIFY to sleeping workers only
 (migration 0016's protocol on, no worker asleep) and with the trigger disabled. (The
 ``4 statements (before)`` variant, the path Registry.invoke took until 2026-12-01, was
-removed with the history experiment; its last numbers are in RESULTS.md.)
+removed (issue 14, goal 5: bench/ stays readable); its last numbers are in RESULTS.md.)
 """
 
 from __future__ import annotations
