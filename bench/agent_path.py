@@ -17,8 +17,8 @@ streamable HTTP; the API with aiohttp):
   spread over ``CLIENT_PROCESSES`` client processes (so the client is not the bottleneck);
 - CPU per call: the serve process's and its database's backends' (the server's processes
   whose title names this database: procs.DatabaseBackends; walwriter and other shared
-  processes are not counted), read from /proc at the window's two edges (procs.cpu_of /
-  cpu_between: processes present at both), divided by the calls made in it.
+  processes are not counted), read from /proc at the window's two edges (procs.CpuGroups:
+  processes present at both), divided by the calls made in it.
 
 Then the peer (issue 14, goal 2; ``--no-peer`` leaves it out): ContextForge's MCP door
 (bench/contextforge.py) with the same tool, client and upstream, in rounds alternating with
@@ -309,8 +309,8 @@ def reason(exc: BaseException) -> str:
 
 
 def peer_group(
-    upstream_url: str, scratch: Path, base: str, tokens: list[str], cpu: CpuGroups, sizes: Sizes,
-    rounds: int,
+    upstream_url: str, scratch: Path, base: str, tokens: list[str], cpu: CpuGroups,
+    sizes: Sizes, rounds: int,
 ) -> dict[str, Any]:  # fmt: skip
     """toolrelay's MCP door and ContextForge's in alternating rounds; medians and the goal."""
     out: dict[str, Any] = {"name": f"{contextforge.NAME} (MCP)", "load_before": loadavg()}
