@@ -19,8 +19,6 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from bench import invoke, latency, plot, profile, report, throughput, wake
 from bench.constants import (
     FULL,
@@ -31,15 +29,12 @@ from bench.constants import (
     RESULTS_MD,
     SCALING_WORKERS,
 )
-from bench.context import Context
 from bench.procs import loadavg, noise_sample
-from bench.session import open_session
+from bench.session import Context, open_session
 from bench.targets import evaluate
 
 PHASES = ("throughput", "latency", "scaling", "memory", "invoke", "profile")
 QUICK_NOISE_SAMPLE_S = 0.5
-TABLE_WIDTH = 150  # characters, when the output is not a terminal (CI logs)
-console = Console() if Console().is_terminal else Console(width=TABLE_WIDTH)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -101,10 +96,10 @@ def run_phases(ctx: Context, skip: set[str], stamp: str, results: dict[str, Any]
     def phase(name: str, what: str, body: Callable[[], None]) -> None:
         if name in skip:
             return
-        console.print(f"[bold]{name}[/bold]: {what}")
+        print(f"{name}: {what}", flush=True)
         began = time.monotonic()
         body()
-        console.print(f"  done in {time.monotonic() - began:.1f} s")
+        print(f"  done in {time.monotonic() - began:.1f} s", flush=True)
 
     def do_throughput() -> None:
         n = sizes.throughput_n
@@ -170,7 +165,7 @@ def _terminated(signum: int, _frame: object) -> None:
 def rerender(path: Path) -> int:
     results = json.loads(path.read_text("utf-8"))
     targets = evaluate(results)
-    report.print_tables(results, targets, console)
+    report.print_tables(results, targets)
     if results["meta"]["mode"] == "full":
         plot.render(results, PLOT_PATH)
         report.write_markdown(results, targets, RESULTS_MD, path.name)
@@ -188,7 +183,7 @@ def main(argv: list[str]) -> int:
     noise_s = QUICK_NOISE_SAMPLE_S if args.quick else NOISE_SAMPLE_S
     noise = {"idle_cores_before": round(noise_sample(noise_s), 3), "loadavg_before": loadavg()}
     results: dict[str, Any] = {}
-    with open_session(sizes, args.quick, console.print, args.worker_src, args.keep_logs) as (
+    with open_session(sizes, args.quick, print, args.worker_src, args.keep_logs) as (
         ctx,
         machine,
     ):
@@ -217,16 +212,16 @@ def main(argv: list[str]) -> int:
     results["failures"] = failures
     json_path = OUT_DIR / f"results-{stamp}.json"
     report.write_json(results, json_path)
-    report.print_tables(results, targets, console)
+    report.print_tables(results, targets)
     official = not args.quick and not args.skip and args.worker_src is None
     if official:
         plot.render(results, PLOT_PATH)
         report.write_markdown(results, targets, RESULTS_MD, json_path.name)
     else:
         plot.render(results, OUT_DIR / f"bench-{results['meta']['mode']}-{stamp}.png")
-    console.print(f"results: {json_path}")
+    print(f"results: {json_path}")
     for failure in failures:
-        console.print(f"[red]FAIL[/red] {failure}")
+        print(f"FAIL {failure}")
     return 1 if failures else 0
 
 

@@ -15,8 +15,10 @@ streamable HTTP; the API with aiohttp):
 - c=1: ``CALLS`` calls one after another (after a warm-up) -> p50 / p99 in ms;
 - ``SESSIONS`` sessions, each with its own agent and token, for ``SECONDS`` s -> calls/s,
   spread over ``CLIENT_PROCESSES`` client processes (so the client is not the bottleneck);
-- CPU per call: the serve process's and its database's backends' (pg_stat_activity for
-  this database; walwriter and other shared processes are not counted), from /proc.
+- CPU per call: the serve process's and its database's backends' (the server's processes
+  whose title names this database: procs.DatabaseBackends; walwriter and other shared
+  processes are not counted), read from /proc at the window's two edges (procs.CpuGroups:
+  processes present at both), divided by the calls made in it.
 
 Then the peer (issue 14, goal 2; ``--no-peer`` leaves it out): ContextForge's MCP door
 (bench/contextforge.py) with the same tool, client and upstream, in rounds alternating with
@@ -35,27 +37,31 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import socket
 import statistics
 import sys
-import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from bench import contextforge
 from bench.constants import OUT_DIR, TOOL_KEY
-from bench.procs import Child, ServerProcesses, cpu_between, cpu_of, loadavg, python_module
-from bench.setup import create_database, drop_database, provision, server_admin_url
+from bench.procs import (
+    Child,
+    CpuGroups,
+    DatabaseBackends,
+    ServerProcesses,
+    free_port,
+    loadavg,
+    python_module,
+    wait_http,
+)
+from bench.setup import dbname, postmaster_of, provision, scratch_server
 from bench.tables import print_table as print_rows
 from bench.upstream import RESPONSE_BODY, UpstreamProcess
+from bench.workers import toolrelay_env
 from toolrelay.registry import Registry
 from toolrelay.tokens import TokenStore
 
@@ -63,6 +69,7 @@ CALLS, WARMUP, SESSIONS, SECONDS, CLIENT_PROCESSES = 300, 30, 16, 20.0, 4
 Sizes = tuple[int, int, int, float, int]  # calls, warm-up, sessions, seconds, processes
 QUICK: Sizes = (50, 10, 16, 3.0, 4)
 WAIT_S = 10  # ?wait and the MCP bound: far above any answer here
+SERVE_START_TIMEOUT_S = 30.0
 START_LEAD_S = 3.0  # seconds the client processes get to open their sessions
 PEER_LEAD_S = 20.0  # ContextForge opens 16 sessions (and makes their first call) in ~9-11 s
 GOALS = {"p50_ms": 5.0, "p99_ms": 20.0, "calls_per_s": 1000.0, "cpu_ms_per_call": 1.5}
@@ -203,44 +210,23 @@ def sessions_in_process(
 # --- measuring -----------------------------------------------------------------------------
 
 
-class Cpu:
-    """CPU seconds of process groups, "serve" and "postgres", read at a window's edges
-    (procs.cpu_of / cpu_between, as procs.Timeline counts them: pids present at both)."""
-
-    def __init__(self, serve: Callable[[], list[int]], postgres: Callable[[], list[int]]) -> None:
-        self.groups = {"serve": serve, "postgres": postgres}
-
-    def sample(self) -> dict[str, dict[int, float]]:
-        return {name: cpu_of(pids()) for name, pids in self.groups.items()}
-
-    @staticmethod
-    def used(
-        before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]
-    ) -> dict[str, float]:
-        return {name: cpu_between(before[name], after[name]) for name in after}
-
-
-def backends(admin_url: str, dbname: str) -> Callable[[], list[int]]:
-    """This database's backends (pg_stat_activity; walwriter and the like are not counted)."""
-
-    def pids() -> list[int]:
-        with psycopg.connect(admin_url) as conn:
-            rows = conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,)
-            ).fetchall()
-        return [row[0] for row in rows]
-
-    return pids
+def backends(url: str) -> Callable[[], list[int]]:
+    """The database's backends (procs.DatabaseBackends: walwriter and the other shared
+    processes are not counted); none when the server's processes are not visible here."""
+    postmaster = postmaster_of(url)
+    if postmaster is None:
+        return list
+    return DatabaseBackends(ServerProcesses(postmaster), [dbname(url)])
 
 
 def phase(
-    door: str, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes, tool: str = TOOL_KEY,
+    door: str, base: str, tokens: list[str], cpu: CpuGroups, sizes: Sizes, tool: str = TOOL_KEY,
     lead: float = START_LEAD_S,
 ) -> dict[str, Any]:  # fmt: skip
     calls, warmup, sessions, seconds, processes = sizes
     before = cpu.sample()
     times = asyncio.run(sequential(door, base, tokens[0], calls, warmup, tool))
-    used = Cpu.used(before, cpu.sample())
+    used = cpu.used(before, cpu.sample())
     seq = {
         "p50_ms": statistics.median(times),
         "p99_ms": statistics.quantiles(times, n=100)[98],
@@ -259,7 +245,7 @@ def phase(
         after = cpu.sample()
         counts = [f.result() for f in futures]
         done = sum(c[0] for c in counts)
-    used = Cpu.used(before, after)
+    used = cpu.used(before, after)
     wide = {
         "sessions": sessions,
         "calls": done,
@@ -323,8 +309,8 @@ def reason(exc: BaseException) -> str:
 
 
 def peer_group(
-    upstream_url: str, scratch: Path, base: str, tokens: list[str], cpu: Cpu, sizes: Sizes,
-    rounds: int,
+    upstream_url: str, scratch: Path, base: str, tokens: list[str], cpu: CpuGroups,
+    sizes: Sizes, rounds: int,
 ) -> dict[str, Any]:  # fmt: skip
     """toolrelay's MCP door and ContextForge's in alternating rounds; medians and the goal."""
     out: dict[str, Any] = {"name": f"{contextforge.NAME} (MCP)", "load_before": loadavg()}
@@ -332,7 +318,7 @@ def peer_group(
     system = "contextforge"  # the one being started or measured
     try:
         with contextforge.running(upstream_url, free_port(), scratch, sizes[2] + 1) as peer:
-            tree = Cpu(serve=ServerProcesses(peer.pid), postgres=list)  # SQLite: in-process
+            tree = CpuGroups(serve=ServerProcesses(peer.pid), postgres=list)  # SQLite: in-process
             for _ in range(rounds):
                 system = "toolrelay"
                 runs[system].append(phase("mcp", base, tokens, cpu, sizes))
@@ -389,27 +375,6 @@ def print_peer(peer: dict[str, Any]) -> None:
 # --- the run -------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_healthy(base: str, child: Child) -> None:
-    deadline = time.monotonic() + 30.0
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            raise RuntimeError(f"serve exited: {child.tail()}")
-        try:
-            with urllib.request.urlopen(f"{base}/healthz", timeout=2.0) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"serve did not become healthy: {child.tail()}")
-
-
 def agent_tokens(url: str, owner: Any, agent_id: Any, count: int) -> list[str]:
     """One token for the first agent (c=1), then one agent and token per session."""
     from toolrelay.db import Database
@@ -426,48 +391,41 @@ def agent_tokens(url: str, owner: Any, agent_id: Any, count: int) -> list[str]:
 
 def main(quick: bool, src: str | None = None, peer: bool = True) -> dict[str, Any]:
     sizes: Sizes = QUICK if quick else (CALLS, WARMUP, SESSIONS, SECONDS, CLIENT_PROCESSES)
-    scratch = Path(tempfile.mkdtemp(prefix="toolrelay-agent-path-"))
-    scratch.chmod(0o755)  # an embedded server runs as its own user
-    admin_url, pg_source, stop_server = server_admin_url(scratch)
-    url = create_database(admin_url, "agentpath")
-    upstream = server = None
-    try:
+    with scratch_server("toolrelay-agent-path-") as pg:
+        scratch, url = pg.scratch, pg.database("agentpath")
         upstream = UpstreamProcess(dict(os.environ), scratch / "upstream.log")
-        fx = provision(url, upstream.url)
-        tokens = agent_tokens(url, fx.owner, fx.agent_id, sizes[2])
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLRELAY_")} | {
-            "DATABASE_URL": url, "TOOLRELAY_MASTER_KEY": fx.master_key,
-            "TOOLRELAY_EGRESS_ALLOW": "127.0.0.1", "TOOLRELAY_HOME": str(scratch),
-        }  # fmt: skip
-        if src:  # the serve child imports toolrelay from there
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-        argv = python_module("bench.agent_path", "serve", str(port))
-        server = Child("serve", argv, env, scratch / "serve.log")
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(base, server)
-        dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
-        cpu = Cpu(serve=lambda: [server.pid], postgres=backends(admin_url, dbname))
-        results: dict[str, Any] = {
-            "load_before": loadavg(), "postgres": pg_source, "sizes": sizes, "src": src or "src/"
-        }  # fmt: skip
-        results["doors"] = {door: phase(door, base, tokens, cpu, sizes) for door in ("mcp", "api")}
-        for r in results["doors"].values():
-            r["goals"] = verdicts(r)
-        if peer:
-            rounds = QUICK_PEER_ROUNDS if quick else PEER_ROUNDS
-            results["peer"] = peer_group(upstream.url, scratch, base, tokens, cpu, sizes, rounds)
-        results["load_after"] = loadavg()
-        results["goals"] = GOALS
-        return results
-    finally:
-        if server is not None:
-            server.stop()
-        if upstream is not None:
+        server: Child | None = None
+        try:
+            fx = provision(url, upstream.url)
+            tokens = agent_tokens(url, fx.owner, fx.agent_id, sizes[2])
+            port = free_port()
+            env = toolrelay_env(fx, scratch, Path(src) if src else None)  # --src: serve from it
+            argv = python_module("bench.agent_path", "serve", str(port))
+            server = Child("serve", argv, env, scratch / "serve.log")
+            base = f"http://127.0.0.1:{port}"
+            wait_http(f"{base}/healthz", server, SERVE_START_TIMEOUT_S)
+            serve_pid = server.pid
+            cpu = CpuGroups(serve=lambda: [serve_pid], postgres=backends(url))
+            results: dict[str, Any] = {
+                "load_before": loadavg(), "postgres": pg.source, "sizes": sizes,
+                "src": src or "src/",
+            }  # fmt: skip
+            doors = {door: phase(door, base, tokens, cpu, sizes) for door in ("mcp", "api")}
+            results["doors"] = doors
+            for r in doors.values():
+                r["goals"] = verdicts(r)
+            if peer:
+                rounds = QUICK_PEER_ROUNDS if quick else PEER_ROUNDS
+                results["peer"] = peer_group(
+                    upstream.url, scratch, base, tokens, cpu, sizes, rounds
+                )
+            results["load_after"] = loadavg()
+            results["goals"] = GOALS
+            return results
+        finally:
+            if server is not None:
+                server.stop()
             upstream.child.kill()
-        drop_database(admin_url, url)
-        stop_server()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

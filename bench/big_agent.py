@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
-from bench.setup import create_database, drop_database, server_admin_url
+from bench.setup import scratch_server
 from bench.tables import print_table as print_rows
 from toolrelay.db import Database
 from toolrelay.db.connect import owner_identity
@@ -90,11 +88,8 @@ def measure(as_agent: Registry, calls: int, writes: int) -> dict[str, float]:
 def main(quick: bool) -> list[dict[str, object]]:
     calls = QUICK_CALLS if quick else CALLS
     writes = QUICK_WRITES if quick else WRITES
-    scratch = Path(tempfile.mkdtemp(prefix="toolrelay-big-agent-"))
-    scratch.chmod(0o755)  # an embedded server runs as its own user
-    admin_url, _, stop = server_admin_url(scratch)
-    urls = {label: create_database(admin_url, f"big_{label}") for label in LEVELS}
-    try:
+    with scratch_server("toolrelay-big-agent-") as server:
+        urls = {label: server.database(f"big_{label}") for label in LEVELS}
         for label, target in LEVELS.items():
             migrate(urls[label], target=target)
         worlds = {(s, n): world(url, n) for s, url in urls.items() for n in SIZES}
@@ -102,19 +97,15 @@ def main(quick: bool) -> list[dict[str, object]]:
         for _ in range(1 if quick else ROUNDS):
             for key, (_, as_agent) in worlds.items():
                 runs[key].append(measure(as_agent, calls, writes))
-        rows = []
-        for (schema, tools), measured in runs.items():
-            row: dict[str, object] = {"schema": schema, "tools": tools}
-            for name in measured[0]:
-                row[name] = statistics.median(m[name] for m in measured)
-            rows.append(row)
         for db, _ in worlds.values():
             db.close()
-        return rows
-    finally:
-        for url in urls.values():
-            drop_database(admin_url, url)
-        stop()
+    rows = []
+    for (schema, tools), measured in runs.items():
+        row: dict[str, object] = {"schema": schema, "tools": tools}
+        for name in measured[0]:
+            row[name] = statistics.median(m[name] for m in measured)
+        rows.append(row)
+    return rows
 
 
 def print_table(rows: list[dict[str, object]]) -> None:

@@ -20,7 +20,16 @@ UPSTREAM_HOST = "127.0.0.1"
 TOOL_KEY = "bench.post"
 AGENT_NAME = "bench-agent"
 
+
+def call_headers(invocation: str) -> dict[str, str]:
+    """What toolrelay's worker sends with each call (the tool's api_key credential and the
+    invocation id the upstream keys on); the raw client, the minimal loop and the
+    procrastinate task send the same."""
+    return {INVOCATION_HEADER: invocation, API_KEY_HEADER: f"{API_KEY_PREFIX}{API_KEY_SECRET}"}
+
+
 CONCURRENCY = 64  # calls in flight: worker, raw client and peer worker alike
+REQUEST_TIMEOUT_S = 30.0  # per call, for the raw client, the minimal loop and the peer
 ENQUEUE_CHUNK = 5_000  # invocations per `SELECT fn_invoke_tool(...) FROM generate_series` statement
 DB_PREFIX = "toolrelay_bench"  # fresh databases are named <prefix>_<hex>
 

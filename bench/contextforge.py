@@ -32,7 +32,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.constants import API_KEY_HEADER, API_KEY_PREFIX, API_KEY_SECRET, TOOL_KEY
-from bench.procs import Child
+from bench.procs import Child, free_port, wait_http
 
 VERSION = "1.0.7"
 NAME = f"ContextForge {VERSION}"
@@ -115,21 +114,6 @@ def _request(url: str, token: str, body: dict[str, Any] | None = None) -> Any:
         raise RuntimeError(f"{req.get_method()} {url}: {exc.code} {exc.read()[:500]!r}") from exc
 
 
-def _wait_healthy(url: str, child: Child) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if child.poll() is not None:
-            raise RuntimeError(f"{NAME} exited: {child.tail()}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2.0) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{NAME} did not become healthy in {START_TIMEOUT_S:g} s: {child.tail()}")
-
-
 def _admin_token(secret: str, scratch: Path) -> str:
     argv = [str(VENV / "bin" / "python"), "-m", "mcpgateway.utils.create_jwt_token",
             "--username", ADMIN, "--exp", "240", "--secret", secret]  # fmt: skip
@@ -189,14 +173,14 @@ def running(upstream_url: str, port: int, scratch: Path, sessions: int) -> Itera
     child = Child("contextforge", argv, env, scratch / "contextforge.log", cwd=home)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, child)
+        wait_http(f"{url}/health", child, START_TIMEOUT_S)
         yield _register(child.pid, url, _admin_token(secret, home), upstream_url, sessions)
     finally:
         child.stop()
 
 
 if __name__ == "__main__":
-    from bench.agent_path import free_port, sequential
+    from bench.agent_path import sequential
     from bench.upstream import UpstreamProcess
 
     work = Path(tempfile.mkdtemp(prefix="toolrelay-contextforge-"))

@@ -29,14 +29,12 @@ import aiohttp
 import psycopg
 from psycopg.rows import dict_row
 
-from bench.constants import API_KEY_HEADER, API_KEY_PREFIX, API_KEY_SECRET, INVOCATION_HEADER
+from bench.constants import ENQUEUE_CHUNK, REQUEST_TIMEOUT_S, call_headers
 
 BATCH = 50  # jobs per claim at most
 LEASE_S = 30.0
 POLL_S = 1.0  # fallback when no notification arrives
-REQUEST_TIMEOUT_S = 30.0
 CHANNEL = "bench_floor"
-ENQUEUE_CHUNK = 5_000
 
 SCHEMA = f"""
 CREATE SCHEMA IF NOT EXISTS bench_floor;
@@ -199,10 +197,7 @@ class Floor:
         self.wake.set()
 
     async def _send(self, job_id: int, payload: dict[str, Any]) -> tuple[str, int | None, str]:
-        headers = {
-            INVOCATION_HEADER: f"floor-{job_id}",
-            API_KEY_HEADER: f"{API_KEY_PREFIX}{API_KEY_SECRET}",
-        }
+        headers = call_headers(f"floor-{job_id}")
         try:
             async with self.http.post(self.upstream, json=payload, headers=headers) as resp:
                 body = await resp.read()

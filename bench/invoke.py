@@ -1,14 +1,18 @@
-"""Invoke cost: how many invocations per second the owner's side can record.
+"""Section 5 of RESULTS.md: invoke cost, how many invocations per second the owner's side
+can record, with no worker running.
 
-Each variant runs N threads for a fixed time, every thread on its own connection:
+Each variant runs N threads for a fixed time (Sizes.invoke_seconds), every thread on its
+own connection, from the harness process; counted: calls completed per second over that
+time, each call's latency, errors, and the cores used over the window (the threads show as
+``harness``). The table is emptied before each variant. The variants:
 - ``Registry.invoke``: the shipped path (BEGIN; identity and lookup pipelined; jsonschema
   validation; fn_invoke_tool; COMMIT: four round trips), each thread its own Registry.
-- ``4 statements (before)``: the path Registry.invoke took until 2026-12-01 (identity,
-  agent, tool, fn_invoke_tool, each its own round trip, plus BEGIN and COMMIT).
 - ``fn_invoke_tool``: one autocommit statement per call, no Python validation, from 8 and
   from 32 connections: whether anything serializes all invokers.
 Each runs with every call notifying (as shipped), with NOTIFY to sleeping workers only
-(migration 0016's protocol on, no worker asleep) and with the trigger disabled.
+(migration 0016's protocol on, no worker asleep) and with the trigger disabled. (The
+``4 statements (before)`` variant, the path Registry.invoke took until 2026-12-01, was
+removed (issue 14, goal 5: bench/ stays readable); its last numbers are in RESULTS.md.)
 """
 
 from __future__ import annotations
@@ -24,16 +28,14 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from bench.constants import AGENT_NAME, INVOKE_THREADS, TOOL_KEY
-from bench.context import Context
 from bench.latency import INVOKE_SQL, percentiles
+from bench.session import Context
 from bench.setup import Fixture, act_as_owner, admin, clear_invocations
 from toolrelay.db import Database
 from toolrelay.registry import Registry
-from toolrelay.registry.validation import validate_input
 
 MS = 1000.0
 WIDE_THREADS = 32  # connections of the widest fn_invoke_tool variant
-INVOKE_SQL4 = "SELECT fn_invoke_tool(%s, %s, %s, %s) AS id"
 NOTIFY_TRIGGER = "tool_invocations_notify"
 
 
@@ -56,7 +58,7 @@ Call = Callable[[int], None]
 Close = Callable[[], None]
 
 
-def _hammer(
+def hammer(
     ctx: Context,
     name: str,
     make_call: Callable[[], tuple[Call, Close]],
@@ -87,7 +89,6 @@ def _hammer(
     threads = [threading.Thread(target=thread, args=(i,)) for i in range(threads_n)]
     for t in threads:
         t.start()
-    ctx.running = []
     began_at = time.time()
     began = time.monotonic()
     stop_at[0] = began + seconds
@@ -109,7 +110,7 @@ def _hammer(
     )
 
 
-def _registry_call(db: Database, owner: UUID) -> tuple[Call, Close]:
+def registry_call(db: Database, owner: UUID) -> tuple[Call, Close]:
     registry = Registry(db, owner)
 
     def call(k: int) -> None:
@@ -118,24 +119,7 @@ def _registry_call(db: Database, owner: UUID) -> tuple[Call, Close]:
     return call, lambda: None
 
 
-def _before_call(db: Database, owner: UUID) -> tuple[Call, Close]:
-    """Registry.invoke as it was: every lookup its own round trip."""
-
-    def call(k: int) -> None:
-        payload = {"n": k}
-        with db.as_owner(owner) as conn:
-            agent = conn.execute("SELECT * FROM agents.agents WHERE name = %s", (AGENT_NAME,))
-            agent_id = agent.fetchone()["id"]  # type: ignore[index]
-            tool = conn.execute("SELECT * FROM agents.tools_registry WHERE key = %s", (TOOL_KEY,))
-            tool_row = tool.fetchone()
-            assert tool_row is not None
-            validate_input(tool_row["schema_input"], payload)
-            conn.execute(INVOKE_SQL4, (agent_id, tool_row["id"], Jsonb(payload), None)).fetchone()
-
-    return call, lambda: None
-
-
-def _sql_call(fx: Fixture) -> tuple[Call, Close]:
+def sql_call(fx: Fixture) -> tuple[Call, Close]:
     conn = psycopg.connect(fx.url, autocommit=True)
     act_as_owner(conn, fx.owner)
 
@@ -163,18 +147,18 @@ def run(ctx: Context, seconds: float) -> list[InvokeResult]:
     fx = ctx.fx
     db = Database(fx.url, pool_size=INVOKE_THREADS)
     variants: list[tuple[str, Callable[[], tuple[Call, Close]], int]] = [
-        ("Registry.invoke", lambda: _registry_call(db, fx.owner), INVOKE_THREADS),
-        ("fn_invoke_tool", lambda: _sql_call(fx), INVOKE_THREADS),
-        ("fn_invoke_tool", lambda: _sql_call(fx), WIDE_THREADS),
+        ("Registry.invoke", lambda: registry_call(db, fx.owner), INVOKE_THREADS),
+        ("fn_invoke_tool", lambda: sql_call(fx), INVOKE_THREADS),
+        ("fn_invoke_tool", lambda: sql_call(fx), WIDE_THREADS),
     ]
-    before = ("4 statements (before)", lambda: _before_call(db, fx.owner), INVOKE_THREADS)
     results = []
+    ctx.running = []  # no system under test but the threads (the harness's CPU)
     try:
         for mode in NOTIFY_MODES:
             _set_notify(fx.url, mode)
-            for name, make, threads_n in variants + ([before] if mode == "" else []):
+            for name, make, threads_n in variants:
                 clear_invocations(fx.url)
-                results.append(_hammer(ctx, name + mode, make, seconds, threads_n))
+                results.append(hammer(ctx, name + mode, make, seconds, threads_n))
     finally:
         _set_notify(fx.url, "")
         db.close()

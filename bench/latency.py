@@ -1,17 +1,22 @@
-"""Latency under a steady load: invocations created at a fixed rate while one worker runs.
+"""Section 2 of RESULTS.md: latency under a steady load, one worker.
 
-Each invocation is its own fn_invoke_tool call (one autocommit statement, as an agent's
-request would be) from one of GENERATOR_CONNECTIONS connections, on an open-loop schedule:
-the k-th is due at t0 + k/rate whether or not earlier ones are done.
-Measured per invocation: created_at (PostgreSQL's now()) → first arrival at the upstream
-(time.time() there), and created_at → finished_at. Both clocks are the machine's real-time
-clock.
+Started: one ``toolrelay worker --no-drain`` (waited for until it LISTENs), then a warm-up
+of LATENCY_WARMUP_S at the first rate (not measured), then each rate of LATENCY_RATES in
+turn (the 1,000/s one for Sizes.sustained_seconds when set). Each invocation is its own
+fn_invoke_tool call (one autocommit statement, as an agent's request would be) from one of
+GENERATOR_CONNECTIONS connections, on an open-loop schedule: the k-th is due at t0 + k/rate
+whether or not earlier ones are done.
+
+Counted per invocation, once all are finished (or SETTLE_CAP_S passed): created_at
+(PostgreSQL's now()) → first arrival at the upstream (time.time() there), and created_at →
+finished_at, as p50/p95/p99/max; both clocks are the machine's real-time clock. Beside
+them: the rate the generator achieved, duplicates, calls that never arrived or did not
+complete, and the cores used over the creation window; the worker's peak RSS over the phase.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from collections import Counter
@@ -26,27 +31,24 @@ from bench.constants import (
     LATENCY_PAUSE_S,
     LATENCY_RATES,
     LATENCY_WARMUP_S,
-    PROCESS_START_TIMEOUT_S,
     SETTLE_TIMEOUT_S,
-    WORKER_READY_POLL_S,
 )
-from bench.context import Context
-from bench.procs import Child
-from bench.setup import TERMINAL, Fixture, admin, clear_invocations, invocation_times, status_of
+from bench.session import Context
+from bench.setup import (
+    SESSION_IDENTITY_SQL,
+    TERMINAL,
+    Fixture,
+    clear_invocations,
+    invocation_times,
+    status_of,
+)
+from bench.workers import wait_listening
+from toolrelay.db.connect import owner_identity
 
 MS = 1000.0
 PERCENTILES = (50, 95, 99)
 HISTOGRAM_LIMIT = 20_000  # samples kept per rate for the plot
 INVOKE_SQL = "SELECT fn_invoke_tool(%s, %s, %s) AS id"
-IDENTITY_SQL = (
-    "SELECT set_config('role', 'authenticated', false),"
-    " set_config('request.jwt.claim.sub', %s, false),"
-    " set_config('request.jwt.claims', %s, false)"
-)
-LISTENING_SQL = (
-    "SELECT count(*) AS n FROM pg_stat_activity"
-    " WHERE datname = current_database() AND query ILIKE 'LISTEN%%'"
-)
 
 
 @dataclass
@@ -98,13 +100,12 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 async def generate(fx: Fixture, rate: int, seconds: float) -> Generated:
     total = max(1, round(rate * seconds))
-    claims = json.dumps({"sub": str(fx.owner), "role": "authenticated"})
     conns = [
         await psycopg.AsyncConnection.connect(fx.url, autocommit=True)
         for _ in range(GENERATOR_CONNECTIONS)
     ]
     for conn in conns:
-        await conn.execute(IDENTITY_SQL, (str(fx.owner), claims))
+        await conn.execute(SESSION_IDENTITY_SQL, owner_identity(fx.owner))
     queue: asyncio.Queue[tuple[int, float] | None] = asyncio.Queue()
     ids: list[str] = []
     lag = 0.0
@@ -136,19 +137,6 @@ async def generate(fx: Fixture, rate: int, seconds: float) -> Generated:
     for conn in conns:
         await conn.close()
     return Generated(ids, float(rate), total / elapsed if elapsed > 0 else 0.0, lag * MS)
-
-
-def wait_listening(url: str, worker: Child) -> None:
-    deadline = time.monotonic() + PROCESS_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if worker.poll() is not None:
-            raise RuntimeError(f"worker exited early:\n{worker.tail()}")
-        with admin(url) as conn:
-            row = conn.execute(LISTENING_SQL).fetchone()
-        if row and int(row["n"]) >= 1:
-            return
-        time.sleep(WORKER_READY_POLL_S)
-    raise TimeoutError("the worker did not start listening")
 
 
 SETTLE_CAP_S = 300.0  # a backlog still draining is waited for this long at most

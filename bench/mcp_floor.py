@@ -2,8 +2,10 @@
 
 ``python -m bench.mcp_floor [--quick]``: the official SDK's low-level server on the stack
 `toolrelay serve` uses (uvicorn, streamable HTTP sessions), with one tool that returns a
-constant: no database, no dispatch. The same SDK client as bench/agent_path.py calls it
-from this process in SESSIONS sessions for SECONDS s; server CPU per call from /proc.
+constant: no database, no dispatch, in a child process. The same SDK client as
+bench/agent_path.py calls it from this process in SESSIONS sessions, back to back, for
+SECONDS s. Counted: calls completed in that window, and the server child's CPU seconds
+(``procs.CpuGroups``, /proc/<pid>/stat) read before and after it, per call.
 """
 
 from __future__ import annotations
@@ -12,18 +14,17 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench.procs import Child, cpu_seconds, python_module
+from bench.procs import Child, CpuGroups, free_port, python_module, wait_http
 
 SESSIONS, SECONDS, QUICK_SECONDS = 4, 8.0, 3.0
+START_TIMEOUT_S = 30.0
 
 
 def serve(port: int) -> None:
@@ -70,33 +71,26 @@ async def calls(url: str, seconds: float) -> int:
 
 
 def main(quick: bool) -> dict[str, float]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    log = Path(tempfile.mkdtemp(prefix="toolrelay-mcp-floor-")) / "serve.log"
-    child = Child("floor", python_module("bench.mcp_floor", "serve", str(port)), os.environ, log)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).close()
-            except OSError as exc:
-                if "404" not in str(exc) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                    continue
-            break
-        seconds = QUICK_SECONDS if quick else SECONDS
-        before = cpu_seconds(child.pid) or 0.0
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="toolrelay-mcp-floor-") as scratch:
+        argv = python_module("bench.mcp_floor", "serve", str(port))
+        child = Child("floor", argv, os.environ, Path(scratch) / "serve.log")
+        try:
+            # Only /mcp is routed: the root's 404 says uvicorn is listening.
+            wait_http(f"http://127.0.0.1:{port}/", child, START_TIMEOUT_S, statuses=(200, 404))
+            seconds = QUICK_SECONDS if quick else SECONDS
+            cpu = CpuGroups(server=lambda: [child.pid])
+            before = cpu.sample()
 
-        async def run() -> int:
-            url = f"http://127.0.0.1:{port}/mcp/"
-            return sum(await asyncio.gather(*(calls(url, seconds) for _ in range(SESSIONS))))
+            async def run() -> int:
+                url = f"http://127.0.0.1:{port}/mcp/"
+                return sum(await asyncio.gather(*(calls(url, seconds) for _ in range(SESSIONS))))
 
-        done = asyncio.run(run())
-        used = (cpu_seconds(child.pid) or 0.0) - before
-        return {"calls_per_s": done / seconds, "server_cpu_ms_per_call": used / done * 1000}
-    finally:
-        child.stop()
+            done = asyncio.run(run())
+            used = cpu.used(before, cpu.sample())["server"]
+            return {"calls_per_s": done / seconds, "server_cpu_ms_per_call": used / done * 1000}
+        finally:
+            child.stop()
 
 
 if __name__ == "__main__":

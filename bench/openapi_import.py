@@ -53,42 +53,12 @@ GOAL_MB: Final = 300.0
 OUT_PATH: Final = Path(__file__).parent / "out" / "openapi-import.json"
 CORPUS_OUT_PATH: Final = Path(__file__).parent / "out" / "openapi-corpus.json"
 SEED: Final = 15
-WORDS: Final = [
-    "the",
-    "repository",
-    "owner",
-    "pull",
-    "request",
-    "issue",
-    "comment",
-    "label",
-    "milestone",
-    "commit",
-    "branch",
-    "tag",
-    "release",
-    "workflow",
-    "run",
-    "job",
-    "artifact",
-    "check",
-    "suite",
-    "status",
-    "deployment",
-    "environment",
-    "secret",
-    "team",
-    "member",
-    "organization",
-    "installation",
-    "token",
-    "scope",
-    "event",
-    "hook",
-    "delivery",
-    "page",
-    "cursor",
-]
+WORDS: Final = [  # the descriptions' vocabulary
+    "the", "repository", "owner", "pull", "request", "issue", "comment", "label", "milestone",
+    "commit", "branch", "tag", "release", "workflow", "run", "job", "artifact", "check",
+    "suite", "status", "deployment", "environment", "secret", "team", "member", "organization",
+    "installation", "token", "scope", "event", "hook", "delivery", "page", "cursor"
+]  # fmt: skip
 
 
 def _text(rng: random.Random, words: int) -> str:

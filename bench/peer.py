@@ -3,12 +3,16 @@
 The task sends what the toolrelay worker sends (JSON POST, API key header, an
 X-Toolrelay-Invocation id carried in the job's arguments) and parses the JSON answer.
 
-The worker runs as ``python -m bench.peer_worker DB_URL UPSTREAM_URL CONCURRENCY`` and
-exits once the queue is empty (``wait=False``).
+The harness applies procrastinate's schema (``apply_schema``), defers the jobs
+(``reset_and_defer``) and reads the outcome (``stats``); the worker runs as
+``python -m bench.peer DB_URL UPSTREAM_URL CONCURRENCY`` and exits once the queue is empty
+(``wait=False``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import uuid
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -20,14 +24,13 @@ import psycopg
 from procrastinate.types import JSONValue
 from psycopg.rows import dict_row
 
-from bench.constants import API_KEY_HEADER, API_KEY_PREFIX, API_KEY_SECRET, INVOCATION_HEADER
+from bench.constants import REQUEST_TIMEOUT_S, call_headers
 
 VERSION = version("procrastinate")
 TASK_NAME = "bench_call"
 DEFER_CHUNK = 1_000  # jobs per batch_defer_async call
 POOL_MAX = 8  # connections of the procrastinate worker (psycopg_pool's default is 4)
 POLL_INTERVAL_S = 0.1  # fetch_job_polling_interval: the worker has everything queued up front
-REQUEST_TIMEOUT_S = 30.0
 TERMINAL = ("succeeded", "failed", "cancelled", "aborted")
 
 
@@ -55,7 +58,7 @@ def make_app(url: str, pool_max: int = POOL_MAX) -> procrastinate.App:
 
     @app.task(name=TASK_NAME)
     async def call(n: int, inv: str) -> None:
-        headers = {INVOCATION_HEADER: inv, API_KEY_HEADER: f"{API_KEY_PREFIX}{API_KEY_SECRET}"}
+        headers = call_headers(inv)
         async with _Client.get().post(_Client.upstream, json={"n": n}, headers=headers) as resp:
             resp.raise_for_status()
             await resp.json()
@@ -133,3 +136,7 @@ async def work(url: str, upstream: str, concurrency: int) -> None:
         )
     if _Client.session is not None:
         await _Client.session.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(work(sys.argv[1], sys.argv[2], int(sys.argv[3])))

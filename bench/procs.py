@@ -1,13 +1,22 @@
-"""Child processes (with their CPU time and peak RSS) and machine-wide CPU sampling."""
+"""Child processes (with their CPU time and peak RSS) and machine-wide CPU sampling.
+
+The one way bench/ starts a process (``Child``, ``python_module``; ready when ``wait_http``
+says so) and reads CPU and memory from /proc: ``Timeline`` samples every 100 ms, for windows
+known only afterwards (from the database's timestamps); ``CpuGroups`` (``cpu_of`` /
+``cpu_between``) reads a window's two edges, for windows the harness opens and closes itself.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +149,36 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+HTTP_POLL_S = 0.05  # between two readiness requests
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 nobody listens on now, for a child server."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, child: Child, timeout: float, statuses: tuple[int, ...] = (200,)) -> None:
+    """Until GET ``url`` answers with one of ``statuses``; RuntimeError when ``child`` exits
+    first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            raise RuntimeError(f"{child.name} exited: {child.tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as resp:
+                status = resp.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        except OSError:
+            status = 0  # not listening yet
+        if status in statuses:
+            return
+        time.sleep(HTTP_POLL_S)
+    raise RuntimeError(f"{child.name} did not answer {url} within {timeout:g} s: {child.tail()}")
+
+
 @dataclass
 class CpuSample:
     busy: float  # ticks
@@ -228,6 +267,24 @@ def cpu_between(before: Mapping[int, float], after: Mapping[int, float]) -> floa
     """CPU seconds used between two ``cpu_of`` readings by pids present in both (a process
     that exits or starts in between does not count, so a sum never runs backwards)."""
     return sum(s - before[pid] for pid, s in after.items() if pid in before)
+
+
+class CpuGroups:
+    """CPU seconds of named process groups (each a callable listing its pids) read at a
+    window's two edges: ``used(before, after)`` counts, as Timeline does, only pids present
+    at both."""
+
+    def __init__(self, **groups: Callable[[], Sequence[int]]) -> None:
+        self.groups = groups
+
+    def sample(self) -> dict[str, dict[int, float]]:
+        return {name: cpu_of(pids()) for name, pids in self.groups.items()}
+
+    @staticmethod
+    def used(
+        before: Mapping[str, Mapping[int, float]], after: Mapping[str, Mapping[int, float]]
+    ) -> dict[str, float]:
+        return {name: cpu_between(before[name], after[name]) for name in after}
 
 
 def children_of(parent: int) -> list[int]:
@@ -332,3 +389,23 @@ class ServerProcesses:
             else:
                 return []
         return [self.pid, *children_of(self.pid)]
+
+
+class DatabaseBackends:
+    """The PostgreSQL processes working for the benchmark's own databases: the server's
+    children whose command line names one of them (backends, autovacuum workers). Other
+    people's databases on a shared server are left out, and so are the shared background
+    processes (WAL writer, checkpointer), so this undercounts a little; ``postgres`` counts
+    everything."""
+
+    def __init__(self, server: Callable[[], list[int]], names: Sequence[str]) -> None:
+        self.server = server
+        self.names = [f" {name} ".encode() for name in names]  # as the process title has it
+
+    def __call__(self) -> list[int]:
+        found = []
+        for pid in self.server()[1:]:  # the first is the postmaster itself
+            line = _cmdline(pid).replace(b"\0", b" ") + b" "
+            if any(name in line for name in self.names):
+                found.append(pid)
+        return found

@@ -1,13 +1,18 @@
-"""Where a worker's CPU goes: one drain under py-spy (pyinstrument when ptrace is refused).
+"""RESULTS.md's "Profile of one worker": where a worker's CPU goes, in one more drain of
+throughput.py's (Sizes.profile_n queued, one worker) under py-spy (pyinstrument when ptrace
+is refused; full run only).
 
-py-spy samples the worker without touching it and writes collapsed stacks; the summary
-reads them into self time per function, inclusive time of the dispatcher's main steps,
-and self time per area (psycopg, aiohttp, the event loop, logging ...).
+py-spy samples the worker at PROFILE_RATE_HZ without touching it and writes collapsed
+stacks (bench/out/profile-<stamp>.pyspy.txt); the summary reads them into the share of
+samples per function (self time), inclusive time of the dispatcher's main steps (STEPS),
+and self time per area (psycopg, aiohttp, the event loop, logging ...: AREAS). The drain's
+rate is reported, not judged.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -15,16 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.constants import PROFILE_RATE_HZ, PROFILE_TOP
-from bench.context import Context
 from bench.procs import python_module
+from bench.session import Context
 from bench.throughput import DrainResult, drain_toolrelay
-from bench.workers import py_spy
 
 # Inclusive time of these frames (function name as py-spy prints it) tells the story.
 STEPS = {
     "claim (DispatchStore.claim)": "DispatchStore.claim",
     "credential resolve (CredentialResolver.resolve)": "CredentialResolver.resolve",
-    "pool checkout check, every checkout (check_connection)": "AsyncConnectionPool.check_connection",
     "precheck (incl. jsonschema)": "precheck",
     "render request (render_request)": "render_request",
     "mark sent (Worker._flush_sent)": "Worker._flush_sent",
@@ -101,6 +104,12 @@ def summarize(
     by_area = {a: pct(n) for a, n in areas.most_common()}
     top = [(frame, pct(n)) for frame, n in self_time.most_common(PROFILE_TOP)]
     return total, steps, by_area, top
+
+
+def py_spy() -> str | None:
+    """py-spy on PATH, else beside this interpreter (the venv's bin/)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
 
 
 def run(ctx: Context, n: int, out_dir: Path, stamp: str) -> ProfileResult:

@@ -16,9 +16,7 @@ import uuid
 
 import aiohttp
 
-from bench.constants import API_KEY_HEADER, API_KEY_PREFIX, API_KEY_SECRET, INVOCATION_HEADER
-
-REQUEST_TIMEOUT_S = 30.0
+from bench.constants import REQUEST_TIMEOUT_S, call_headers
 
 
 async def run(url: str, n: int, concurrency: int) -> dict[str, float | int]:
@@ -33,10 +31,7 @@ async def run(url: str, n: int, concurrency: int) -> dict[str, float | int]:
         async def lane() -> None:
             nonlocal errors, first_start, last_end
             for i in next_index:
-                headers = {
-                    INVOCATION_HEADER: str(uuid.uuid4()),
-                    API_KEY_HEADER: f"{API_KEY_PREFIX}{API_KEY_SECRET}",
-                }
+                headers = call_headers(str(uuid.uuid4()))
                 first_start = first_start or time.time()
                 try:
                     async with session.post(url, json={"n": i}, headers=headers) as resp:

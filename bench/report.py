@@ -1,4 +1,8 @@
-"""Results as rich tables in the terminal, a JSON file, and bench/RESULTS.md."""
+"""``python -m bench``'s results: tables in the terminal, a JSON file, and bench/RESULTS.md.
+
+Every section title names the module whose numbers it shows (SECTIONS); the cells are
+formatted here, the tables written by bench/tables.py.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+from bench.tables import md_table, print_table
+from bench.targets import Target
 
-from bench.targets import EXCUSED, MET, MISSED, Target
-
-STATUS_STYLE = {MET: "green", MISSED: "red", EXCUSED: "yellow"}
 Rows = list[list[str]]
 
 
@@ -169,45 +170,40 @@ def profile_rows(results: dict[str, Any]) -> tuple[list[str], Rows]:
     return head, rows
 
 
+TARGETS_TITLE = "Targets — `bench/targets.py`"
+PROFILE_TITLE = "Profile of one worker"  # its heading adds the profiler and the drain
+# (title, the module that made its numbers, its rows); a title is also a RESULTS.md heading
 SECTIONS = (
-    ("1. Throughput (drain N, one process each)", throughput_rows),
-    ("2. Latency (one worker, steady creation rate)", latency_rows),
-    ("3. Scaling (worker processes, same N)", scaling_rows),
-    ("4. Memory (one worker drains the queue)", memory_rows),
-    ("5. Invoke cost", invoke_rows),
+    ("1. Throughput (drain N, one process each)", "throughput.py", throughput_rows),
+    ("2. Latency (one worker, steady creation rate)", "latency.py", latency_rows),
+    ("3. Scaling (worker processes, same N)", "throughput.py", scaling_rows),
+    ("4. Memory (one worker drains the queue)", "throughput.py", memory_rows),
+    ("5. Invoke cost", "invoke.py", invoke_rows),
     (
         "6. Invoke cost with a worker running (sleep protocol on, and off)",
+        "wake.py",
         lambda results: invoke_rows(results, "invoke_worker"),
     ),
 )
 
 
-def print_tables(results: dict[str, Any], targets: list[Target], console: Console) -> None:
-    for title, rows_of in (*SECTIONS, ("Profile of one worker", profile_rows)):
+def section_title(title: str, module: str) -> str:
+    return f"{title} — `bench/{module}`"
+
+
+def print_tables(results: dict[str, Any], targets: list[Target]) -> None:
+    for title, module, rows_of in SECTIONS:
         head, rows = rows_of(results)
-        if not rows:
-            continue
-        table = Table(title=title, title_justify="left", show_lines=False)
-        for column in head:
-            table.add_column(column, overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
-    head, rows = target_rows(targets)
-    table = Table(
-        title="Targets (issue #7)"
-        + (" — quick run, not judged" if results["meta"]["mode"] == "quick" else ""),
-        title_justify="left",
-    )
-    for column in head:
-        table.add_column(column, overflow="fold")
-    for row, target in zip(rows, targets, strict=True):
-        style = STATUS_STYLE.get(target.status, "")
-        table.add_row(*row[:3], f"[{style}]{row[3]}[/{style}]" if style else row[3], row[4])
-    console.print(table)
+        if rows:
+            print_table(head, rows, f"\n{section_title(title, module)}")
+    head, rows = profile_rows(results)
+    if rows:
+        print_table(head, rows, f"\n{section_title(PROFILE_TITLE, 'profile.py')}")
+    quick = " (quick run, not judged)" if results["meta"]["mode"] == "quick" else ""
+    print_table(*target_rows(targets), f"\n{TARGETS_TITLE}{quick}")
     meta = results["meta"]
     noise = meta["noise"]
-    console.print(
+    print(
         f"machine: {meta['machine']['nproc']} cores, {meta['machine']['memory_gb']} GB, "
         f"PostgreSQL {meta['machine']['postgres']} ({meta['machine']['postgres_source']}); "
         f"other load: {noise['idle_cores_before']:.2f} cores busy before, "
@@ -221,23 +217,13 @@ def write_json(results: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=1, default=str) + "\n", "utf-8")
 
 
-def _md_table(head: list[str], rows: Rows) -> str:
-    def clean(cell: str) -> str:
-        return cell.replace("|", "\\|")
-
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(clean(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-PROFILE_TITLE = "Profile of one worker"
 _SECTION = re.compile(r"(?m)^(?=## )")
 
 
 def kept_sections(text: str) -> list[str]:
     """The sections of RESULTS.md this writer does not own (written by hand, e.g. by other
     benchmarks), in their order: every ``## `` section whose title is not one it writes."""
-    owned = {"Targets", *(title for title, _ in SECTIONS)}
+    owned = {TARGETS_TITLE, *(section_title(title, module) for title, module, _ in SECTIONS)}
     kept = []
     for chunk in _SECTION.split(text)[1:]:
         title = chunk.splitlines()[0].removeprefix("## ").strip()
@@ -257,8 +243,10 @@ def write_markdown(
     parts = [
         "# Benchmark results (latest full run)",
         "",
-        "Written by `python -m bench` (full mode); see docs/benchmarks.md for what each number",
-        f"means and how it is measured. Raw data: `bench/out/{json_name}` (not committed).",
+        "Written by `python -m bench` (full mode, bench/report.py) down to the plot; every heading"
+        " names the module that made its numbers, and the hand-written sections after the plot"
+        " name their command. See docs/benchmarks.md for what each number means and how it is"
+        f" measured. Raw data: `bench/out/{json_name}` (not committed).",
         "Where the time goes and what would close the gaps:",
         "[docs/benchmarks.md, findings](../docs/benchmarks.md#where-the-time-goes-findings-of-2026-11-29).",
         "",
@@ -280,27 +268,28 @@ def write_markdown(
         " missed), `all` everything on the machine (2 = saturated). `CPU µs/call` is the same"
         " per call: the cost, whatever share of the machine the run got.",
         "",
-        "## Targets",
+        f"## {TARGETS_TITLE}",
         "",
-        _md_table(*target_rows(targets)),
+        md_table(*target_rows(targets)),
         "",
     ]
-    for title, rows_of in SECTIONS:
+    for title, module, rows_of in SECTIONS:
         head, rows = rows_of(results)
         if rows:
-            parts += [f"## {title}", "", _md_table(head, rows), ""]
+            parts += [f"## {section_title(title, module)}", "", md_table(head, rows), ""]
     head, rows = profile_rows(results)
     if rows:
         prof = results["profile"]
         parts += [
             f"## {PROFILE_TITLE} ({prof['tool']}, {prof['samples']:,} samples, "
-            f"draining {prof['drain']['n']:,} at {prof['drain']['per_s']:,.0f}/s under the profiler)",
+            f"draining {prof['drain']['n']:,} at {prof['drain']['per_s']:,.0f}/s under the profiler)"
+            " — `bench/profile.py`",
             "",
-            _md_table(head, rows),
+            md_table(head, rows),
             "",
             "Top self time:",
             "",
-            _md_table(["function", "%"], [[f, f"{p:.1f}"] for f, p in prof["top_self_pct"][:15]]),
+            md_table(["function", "%"], [[f, f"{p:.1f}"] for f, p in prof["top_self_pct"][:15]]),
             "",
         ]
     parts += ["![benchmark plot](../docs/img/bench.png)", ""]

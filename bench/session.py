@@ -1,32 +1,63 @@
-"""One benchmark session: fresh databases, the upstream, the CPU timeline; all torn down."""
+"""One ``python -m bench`` session: fresh databases, the upstream, the CPU timeline, the
+context every phase gets; all torn down at the end."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from bench import peer
-from bench.constants import REPO_DIR, Sizes
-from bench.context import Context
-from bench.procs import ServerProcesses, Timeline, memory_total_mb, parent_pid
-from bench.setup import create_database, drop_database, provision, server_admin_url, server_version
+from bench.constants import PROCESS_START_TIMEOUT_S, REPO_DIR, Sizes
+from bench.procs import Child, ServerProcesses, Timeline, memory_total_mb
+from bench.setup import Fixture, postmaster_of, provision, scratch_server, server_version
 from bench.upstream import UpstreamProcess
+from bench.workers import WorkerLaunch
 
 TIMELINE_INTERVAL_S = 0.1  # CPU and VmHWM sampling period
 Say = Callable[[str], None]
+
+
+@dataclass
+class Context:
+    """What every phase of ``python -m bench`` needs: the database and fixture, the upstream,
+    where logs go, the CPU timeline and which children it counts as the system under test."""
+
+    sizes: Sizes
+    quick: bool
+    fx: Fixture
+    peer_url: str
+    upstream: UpstreamProcess
+    logs: Path
+    home: Path
+    timeline: Timeline
+    running: list[Child] = field(default_factory=list)  # the timeline's "system under test"
+    worker_source: Path | None = None  # the src/ the workers run: a snapshot, or --worker-src
+
+    def launch(self, drain: bool = True, extra: tuple[str, ...] = ()) -> WorkerLaunch:
+        """Workers of this run (from its copy of src/), with more `toolrelay worker` options."""
+        fx, source = self.fx, self.worker_source
+        return WorkerLaunch(fx, self.logs, self.home, drain=drain, source=source, extra=extra)
+
+    def sample_memory(self) -> None:
+        for child in list(self.running):
+            child.sample_hwm()
+
+    def sut_pids(self) -> list[int]:
+        return [child.pid for child in self.running if child.usage is None]
+
+    def cores(self, start: float, end: float) -> dict[str, float]:
+        """Average cores over an epoch window: machine, system under test, upstream, postgres."""
+        return self.timeline.cores(start, end)
 
 
 def machine(pg_url: str, pg_source: str) -> dict[str, Any]:
@@ -55,14 +86,11 @@ def snapshot_source(into: Path) -> Path:
         into / "toolrelay",
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
     )
-    check = subprocess.run(
-        [sys.executable, "-c", "import toolrelay.cli.main"],
-        env=dict(os.environ, PYTHONPATH=str(into)),
-        capture_output=True,
-        text=True,
-    )
-    if check.returncode != 0:
-        raise RuntimeError(f"src/ does not import as it is now:\n{check.stderr[-2000:]}")
+    argv = [sys.executable, "-c", "import toolrelay.cli.main"]
+    env = dict(os.environ, PYTHONPATH=str(into))
+    check = Child("import-check", argv, env, into.parent / "import-check.log")
+    if check.wait(PROCESS_START_TIMEOUT_S).returncode != 0:
+        raise RuntimeError(f"src/ does not import as it is now:\n{check.tail(30)}")
     return into
 
 
@@ -87,24 +115,11 @@ def git_state() -> str:
     return f"{head}{' + uncommitted changes in src/' if dirty else ''}"
 
 
-def postmaster_of(url: str) -> int | None:
-    """The PostgreSQL server's main process, when it runs on this machine and is visible."""
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    return parent_pid(row[0]) if row else None
-
-
-def tear_down(
-    ctx: Context | None,
-    timeline: Timeline,
-    upstream: UpstreamProcess | None,
-    ok: bool,
-    databases: list[str],
-    admin_url: str,
-    stop_server: Callable[[], object],
-    say: Say,
+def stop_all(
+    ctx: Context | None, timeline: Timeline, upstream: UpstreamProcess | None, ok: bool, say: Say
 ) -> None:
-    """Stop everything a session started, in order; one failed step must not skip the rest."""
+    """Stop every process a session started, in order; one failed step must not skip the
+    rest (the databases and the server are scratch_server's)."""
     cleanups: list[Callable[[], object]] = []
     if ctx is not None:
         cleanups += [child.kill for child in ctx.running]
@@ -112,8 +127,6 @@ def tear_down(
         cleanups.append(timeline.stop)
     if upstream is not None:
         cleanups.append(upstream.stop if ok else upstream.child.kill)
-    cleanups += [functools.partial(drop_database, admin_url, url) for url in databases]
-    cleanups.append(stop_server)
     for cleanup in cleanups:
         try:
             cleanup()
@@ -129,41 +142,35 @@ def open_session(
 
     The workers run from ``worker_src`` when given, else from a snapshot of src/ taken now.
     """
-    scratch = Path(tempfile.mkdtemp(prefix="toolrelay-bench-"))
-    scratch.chmod(0o755)  # an embedded server runs as its own user and must reach it
-    logs, home = scratch / "logs", scratch / "home"
-    logs.mkdir()
-    home.mkdir()
-    code = {"git": git_state(), "worker_src": str(worker_src) if worker_src else "snapshot"}
-    source = worker_src.resolve() if worker_src else snapshot_source(scratch / "src")
-    code["src_sha1"] = source_digest(source / "toolrelay")
-    admin_url, pg_source, stop_server = server_admin_url(scratch)
-    main_url = create_database(admin_url, "main")
-    peer_url = create_database(admin_url, "peer")
-    upstream: UpstreamProcess | None = None
-    timeline = Timeline({}, TIMELINE_INTERVAL_S)
-    ctx: Context | None = None
-    ok = False
-    try:
-        upstream = UpstreamProcess(dict(os.environ), logs / "upstream.log")
-        fx = provision(main_url, upstream.url)
-        asyncio.run(peer.apply_schema(peer_url))
-        ctx = Context(sizes, quick, fx, peer_url, upstream, logs, home, timeline)
-        ctx.worker_source = source
-        upstream_pid = upstream.child.pid
-        timeline.add("sut", ctx.sut_pids)
-        timeline.hooks.append(ctx.sample_memory)
-        timeline.add("upstream", lambda: [upstream_pid])
-        timeline.add("harness", lambda: [os.getpid()])
-        postmaster = postmaster_of(main_url)
-        if postmaster is not None:
-            timeline.add("postgres", ServerProcesses(postmaster))
-        timeline.start()
-        yield ctx, machine(main_url, pg_source) | {"code": code}
-        ok = True
-    finally:
-        tear_down(ctx, timeline, upstream, ok, [main_url, peer_url], admin_url, stop_server, say)
-        if ok and not keep_logs:
-            shutil.rmtree(scratch, ignore_errors=True)
-        else:
-            say(f"logs kept in {logs}")
+    with scratch_server("toolrelay-bench-", say, keep_logs) as server:
+        scratch = server.scratch
+        logs, home = scratch / "logs", scratch / "home"
+        logs.mkdir()
+        home.mkdir()
+        code = {"git": git_state(), "worker_src": str(worker_src) if worker_src else "snapshot"}
+        source = worker_src.resolve() if worker_src else snapshot_source(scratch / "src")
+        code["src_sha1"] = source_digest(source / "toolrelay")
+        main_url, peer_url = server.database("main"), server.database("peer")
+        upstream: UpstreamProcess | None = None
+        timeline = Timeline({}, TIMELINE_INTERVAL_S)
+        ctx: Context | None = None
+        ok = False
+        try:
+            upstream = UpstreamProcess(dict(os.environ), logs / "upstream.log")
+            fx = provision(main_url, upstream.url)
+            asyncio.run(peer.apply_schema(peer_url))
+            ctx = Context(sizes, quick, fx, peer_url, upstream, logs, home, timeline)
+            ctx.worker_source = source
+            upstream_pid = upstream.child.pid
+            timeline.add("sut", ctx.sut_pids)
+            timeline.hooks.append(ctx.sample_memory)
+            timeline.add("upstream", lambda: [upstream_pid])
+            timeline.add("harness", lambda: [os.getpid()])
+            postmaster = postmaster_of(main_url)
+            if postmaster is not None:
+                timeline.add("postgres", ServerProcesses(postmaster))
+            timeline.start()
+            yield ctx, machine(main_url, server.source) | {"code": code}
+            ok = True
+        finally:
+            stop_all(ctx, timeline, upstream, ok, say)

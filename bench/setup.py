@@ -1,16 +1,24 @@
-"""Databases for one run, the tool under test, and invocations created as the owner does."""
+"""Databases for one run, the tool under test, and invocations created as the owner does.
+
+Every entry point gets its PostgreSQL server and scratch databases from ``scratch_server``
+(DATABASE_URL's server, else an embedded one) and its owner, agent and tool from
+``provision``.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -26,8 +34,11 @@ from bench.constants import (
     API_KEY_SECRET,
     DB_PREFIX,
     ENQUEUE_CHUNK,
+    PROCESS_START_TIMEOUT_S,
     TOOL_KEY,
+    WORKER_READY_POLL_S,
 )
+from bench.procs import Child, parent_pid
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
 from toolrelay.db import Database, migrate
 from toolrelay.db.connect import owner_identity
@@ -97,9 +108,65 @@ def create_database(admin_url: str, label: str) -> str:
 
 
 def drop_database(admin_url: str, url: str) -> None:
-    name = conninfo.conninfo_to_dict(url)["dbname"]
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname(url)}" WITH (FORCE)')
+
+
+@dataclass
+class Server:
+    """One run's PostgreSQL server, its scratch directory and the databases made on it."""
+
+    admin_url: str
+    source: str  # "DATABASE_URL" or "embedded (pgserver)"
+    scratch: Path
+    databases: list[str] = field(default_factory=list)
+
+    def database(self, label: str) -> str:
+        """A fresh database, dropped when the run ends; its URL."""
+        url = create_database(self.admin_url, label)
+        self.databases.append(url)
+        return url
+
+
+@contextmanager
+def scratch_server(
+    prefix: str, say: Callable[[str], None] = print, keep: bool = False
+) -> Iterator[Server]:
+    """A scratch directory and a server for one run. At the end, also after a failure, the
+    databases are dropped and an embedded server stopped, each step whatever the others did;
+    the directory is removed unless the run failed or ``keep`` (then its path is said)."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    scratch.chmod(0o755)  # an embedded server runs as its own user and must reach it
+    admin_url, source, stop_server = server_admin_url(scratch)
+    server = Server(admin_url, source, scratch)
+    ok = False
+    try:
+        yield server
+        ok = True
+    finally:
+        steps: list[Callable[[], object]] = [
+            functools.partial(drop_database, admin_url, url) for url in server.databases
+        ]
+        for step in [*steps, stop_server]:
+            try:
+                step()
+            except Exception as exc:
+                say(f"cleanup failed: {exc!r}")
+        if ok and not keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            say(f"scratch directory kept: {scratch}")
+
+
+def dbname(url: str) -> str:
+    return str(conninfo.conninfo_to_dict(url)["dbname"])
+
+
+def postmaster_of(url: str) -> int | None:
+    """The PostgreSQL server's main process, when it runs on this machine and is visible."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    return parent_pid(row[0]) if row else None
 
 
 def server_version(url: str) -> str:
@@ -152,16 +219,14 @@ def provision(url: str, upstream_url: str) -> Fixture:
     return Fixture(url, owner, agent_id, UUID(str(tool["id"])), master_key)
 
 
-def enqueue(fx: Fixture, n: int, first: int = 1) -> None:
-    """Create ``n`` invocations through fn_invoke_tool, as the owner, in a few statements."""
-    start = first
-    stop_at = first + n
-    while start < stop_at:
-        stop = min(start + ENQUEUE_CHUNK, stop_at) - 1
+def enqueue(fx: Fixture, n: int) -> None:
+    """Create ``n`` invocations through fn_invoke_tool, as the owner, ENQUEUE_CHUNK per
+    statement."""
+    for start in range(1, n + 1, ENQUEUE_CHUNK):
+        stop = min(start + ENQUEUE_CHUNK, n + 1) - 1
         with fx.db.as_owner(fx.owner) as conn:
             params = {"agent": fx.agent_id, "tool": fx.tool_id, "start": start, "stop": stop}
             conn.execute(ENQUEUE_SQL, params)
-        start = stop + 1
 
 
 def act_as_owner(conn: psycopg.Connection[Any], owner: UUID) -> None:
@@ -174,6 +239,30 @@ def admin(url: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
     """Superuser, autocommit: bookkeeping the harness does between phases."""
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         yield conn
+
+
+def wait_until(
+    url: str,
+    query: str,
+    ready: Callable[[dict[str, Any]], bool],
+    what: str,
+    timeout: float = PROCESS_START_TIMEOUT_S,
+    watch: Sequence[Child] = (),
+) -> None:
+    """Poll ``query`` until ``ready`` accepts its row: a fresh connection each time (so a
+    fresh snapshot: pg_stat_activity is cached per transaction). RuntimeError when a child
+    in ``watch`` exits first, TimeoutError("``what`` ...") after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in watch:
+            if child.poll() is not None:
+                raise RuntimeError(f"{child.name} exited early:\n{child.tail()}")
+        with admin(url) as conn:
+            row = conn.execute(query).fetchone()
+        if row is not None and ready(row):
+            return
+        time.sleep(WORKER_READY_POLL_S)
+    raise TimeoutError(f"{what} within {timeout:g} s")
 
 
 def clear_invocations(url: str) -> None:

@@ -1,11 +1,19 @@
-"""Draining a full queue: toolrelay with 1..k workers, the minimal durable loop (the floor),
-the raw client, the procrastinate peer.
+"""Sections 1, 3 and 4 of RESULTS.md: draining a full queue.
 
-Every rate here is "first work started → last result recorded":
-toolrelay: min(attempt.started_at) → max(invocation.finished_at); floor: first job's
-started_at → last finished_at; raw: first request started → last response read; peer:
-first job 'started' event → last 'succeeded' event. The upstream's own window (first → last arrival) is reported beside it,
-and so is the CPU each party used over the same window.
+Each drain starts from an empty, vacuumed table (or job table) holding ``n`` queued calls
+and one process (or ``k`` toolrelay workers) that exits once they are done; the upstream
+counts every request. Rows: toolrelay (``toolrelay worker --drain --concurrency 64``,
+released together by workers.gate), the minimal durable loop (bench/floor.py), the raw
+client (bench/raw.py, no queue) and procrastinate (bench/peer.py). Section 3 is toolrelay's
+drain with 1, 2 and 4 workers; section 4 is one worker's drain of 100,000, its peak RSS.
+
+Every rate is calls done over "first work started → last result recorded": toolrelay
+min(attempt.started_at) → max(invocation.finished_at); floor: its first job's started_at →
+last finished_at; raw: first request started → last response read; peer: first 'started'
+event → last 'succeeded' event. Beside it: the upstream's rate over its first → last
+arrival, duplicates (requests beyond the first for one invocation) and calls not done,
+each process's peak RSS (VmHWM), and the cores each party used over the same window (the
+session's Timeline), also as CPU µs per call.
 """
 
 from __future__ import annotations
@@ -14,56 +22,27 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from psycopg import conninfo
-
 from bench import floor, peer
 from bench.constants import CONCURRENCY, DRAIN_TIMEOUT_S
-from bench.context import Context
-from bench.procs import Child, ServerProcesses, Usage, python_module, wait_all
-from bench.session import postmaster_of
-from bench.setup import admin, clear_invocations, drain_stats, enqueue
-from bench.upstream import Arrivals
+from bench.procs import Child, DatabaseBackends, ServerProcesses, Usage, python_module, wait_all
+from bench.session import Context
+from bench.setup import admin, clear_invocations, dbname, drain_stats, enqueue, postmaster_of
 from bench.workers import gate, wait_blocked
 
 US = 1e6  # microseconds per second
 SETTLE_S = 0.5  # pause after a phase so that exits and checkpoints do not bleed into the next
 
 
-class DatabaseBackends:
-    """The PostgreSQL processes working for the benchmark's own databases: the server's
-    children whose command line names one of them (backends, autovacuum workers). Other
-    people's databases on a shared server are left out, and so are the shared background
-    processes (WAL writer, checkpointer), so this undercounts a little; ``postgres`` counts
-    everything."""
-
-    def __init__(self, server: Callable[[], list[int]], databases: Sequence[str]) -> None:
-        self.server = server
-        self.names = [f" {conninfo.conninfo_to_dict(url)['dbname']} ".encode() for url in databases]
-
-    def __call__(self) -> list[int]:
-        found = []
-        for pid in self.server()[1:]:  # the first is the postmaster itself
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    line = fh.read().replace(b"\0", b" ") + b" "
-            except OSError:
-                continue
-            if any(name in line for name in self.names):
-                found.append(pid)
-        return found
-
-
 def watch_databases(ctx: Context) -> None:
-    """Add ``pg_db`` (see DatabaseBackends) to the CPU timeline, when the server is local."""
+    """Add ``pg_db`` (procs.DatabaseBackends) to the CPU timeline, when the server is local."""
     postmaster = postmaster_of(ctx.fx.url)
     if postmaster is not None:
-        ctx.timeline.add(
-            "pg_db", DatabaseBackends(ServerProcesses(postmaster), [ctx.fx.url, ctx.peer_url])
-        )
+        names = [dbname(ctx.fx.url), dbname(ctx.peer_url)]
+        ctx.timeline.add("pg_db", DatabaseBackends(ServerProcesses(postmaster), names))
 
 
 @dataclass
@@ -97,20 +76,62 @@ class DrainResult:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @property
-    def failures(self) -> int:
-        return self.duplicates + self.non_terminal + self.not_completed
 
-
-def _upstream_rate(arrivals: Arrivals) -> float:
-    first, last = arrivals.window()
-    return len(arrivals.first) / (last - first) if last > first else 0.0
+def _drained(
+    ctx: Context,
+    system: str,
+    n: int,
+    done: int,
+    window: tuple[float, float],
+    usages: Sequence[Usage],
+    *,
+    wall_s: float,
+    failed: tuple[int, int],
+    attempts: int,
+    by_status: dict[str, int] | None = None,
+) -> DrainResult:
+    """One row: ``done`` calls over ``window`` (epoch seconds, first start → last result),
+    what the upstream saw since its reset, and ``failed`` (not terminal, not completed)."""
+    arrivals = ctx.upstream.arrivals()
+    time.sleep(SETTLE_S)  # the timeline samples the window's end before it is read
+    first, last = window
+    seen_first, seen_last = arrivals.window()
+    seen = len(arrivals.first)
+    return DrainResult(
+        system=system,
+        n=n,
+        workers=len(usages),
+        per_s=done / (last - first) if last > first else 0.0,
+        window_s=last - first,
+        wall_s=wall_s,
+        upstream_per_s=seen / (seen_last - seen_first) if seen_last > seen_first else 0.0,
+        arrived=seen,
+        duplicates=arrivals.duplicates,
+        non_terminal=failed[0],
+        not_completed=failed[1],
+        attempts=attempts,
+        rss_mb=[round(u.max_rss_mb, 1) for u in usages],
+        cores=ctx.cores(first, last),
+        extra={} if by_status is None else {"by_status": by_status},
+    )
 
 
 def _check_exits(children: Sequence[Child], usages: Sequence[Usage]) -> None:
     for child, usage in zip(children, usages, strict=True):
         if usage.returncode != 0:
             raise RuntimeError(f"{child.name} exited {usage.returncode}:\n{child.tail()}")
+
+
+def _run_child(
+    ctx: Context, name: str, argv: list[str], capture: bool = False
+) -> tuple[Child, Usage]:
+    """Start one child on a reset upstream and wait until it exits (0, or RuntimeError)."""
+    ctx.upstream.reset()
+    child = Child(name, argv, dict(os.environ), ctx.logs / f"{name}.log", capture)
+    ctx.running = [child]
+    usage = child.wait(DRAIN_TIMEOUT_S)
+    _check_exits([child], [usage])
+    return child, usage
 
 
 def drain_toolrelay(
@@ -134,120 +155,45 @@ def drain_toolrelay(
     usages = wait_all(children, DRAIN_TIMEOUT_S)
     wall = time.monotonic() - released
     _check_exits(children, usages)
-    stats = drain_stats(ctx.fx.url)
-    arrivals = ctx.upstream.arrivals()
-    window = stats.last_finish - stats.first_start
-    time.sleep(SETTLE_S)
-    return DrainResult(
-        system="toolrelay",
-        n=n,
-        workers=workers,
-        per_s=stats.total / window if window > 0 else 0.0,
-        window_s=window,
-        wall_s=wall,
-        upstream_per_s=_upstream_rate(arrivals),
-        arrived=len(arrivals.first),
-        duplicates=arrivals.duplicates,
-        non_terminal=stats.non_terminal + (n - stats.total),
-        not_completed=stats.not_completed,
-        attempts=stats.attempts,
-        rss_mb=[round(u.max_rss_mb, 1) for u in usages],
-        cores=ctx.cores(stats.first_start, stats.last_finish),
-        extra={"by_status": stats.by_status},
-    )
+    s = drain_stats(ctx.fx.url)
+    failed = (s.non_terminal + (n - s.total), s.not_completed)
+    return _drained(ctx, "toolrelay", n, s.total, (s.first_start, s.last_finish), usages,
+                    wall_s=wall, failed=failed, attempts=s.attempts,
+                    by_status=s.by_status)  # fmt: skip
 
 
 def drain_raw(ctx: Context, n: int) -> DrainResult:
     """The same requests from one aiohttp process at the same concurrency."""
-    ctx.upstream.reset()
     argv = python_module("bench.raw", ctx.upstream.url, str(n), str(CONCURRENCY))
-    child = Child("raw", argv, dict(os.environ), ctx.logs / "raw.log", capture_stdout=True)
-    ctx.running = [child]
-    usage = child.wait(DRAIN_TIMEOUT_S)
-    _check_exits([child], [usage])
+    child, usage = _run_child(ctx, "raw", argv, capture=True)
     out = json.loads(child.readline())
-    arrivals = ctx.upstream.arrivals()
-    time.sleep(SETTLE_S)
-    return DrainResult(
-        system="raw aiohttp",
-        n=n,
-        workers=1,
-        per_s=out["per_s"],
-        window_s=out["elapsed_s"],
-        wall_s=usage.wall_s,
-        upstream_per_s=_upstream_rate(arrivals),
-        arrived=len(arrivals.first),
-        duplicates=arrivals.duplicates,
-        non_terminal=0,
-        not_completed=int(out["errors"]) + (n - len(arrivals.first)),
-        attempts=n,
-        rss_mb=[round(usage.max_rss_mb, 1)],
-        cores=ctx.cores(out["first_start"], out["last_end"]),
-    )
+    failed = (0, int(out["errors"]) + n - len(ctx.upstream.arrivals().first))
+    return _drained(ctx, "raw aiohttp", n, n, (out["first_start"], out["last_end"]), [usage],
+                    wall_s=usage.wall_s, failed=failed, attempts=n)  # fmt: skip
 
 
 def drain_floor(ctx: Context, n: int) -> DrainResult:
     """The same calls through the minimal durable loop of bench/floor.py, its own process."""
     floor.enqueue(ctx.fx.url, n)
-    usage, arrivals = _drain_child(ctx, "floor", "bench.floor", ctx.fx.url)
-    stats = floor.stats(ctx.fx.url)
-    window = stats.last_finish - stats.first_start
-    time.sleep(SETTLE_S)
-    return DrainResult(
-        system=f"minimal loop (claim {floor.BATCH})",
-        n=n,
-        workers=1,
-        per_s=stats.done / window if window > 0 else 0.0,
-        window_s=window,
-        wall_s=usage.wall_s,
-        upstream_per_s=_upstream_rate(arrivals),
-        arrived=len(arrivals.first),
-        duplicates=arrivals.duplicates,
-        non_terminal=stats.open + (n - sum(stats.by_status.values())),
-        not_completed=n - stats.done - stats.open,
-        attempts=n,
-        rss_mb=[round(usage.max_rss_mb, 1)],
-        cores=ctx.cores(stats.first_start, stats.last_finish),
-        extra={"by_status": stats.by_status},
-    )
-
-
-def _drain_child(ctx: Context, name: str, module: str, db_url: str) -> tuple[Usage, Arrivals]:
-    """Run ``python -m module DB_URL UPSTREAM CONCURRENCY`` until it has drained its queue;
-    its usage and what the upstream saw."""
-    ctx.upstream.reset()
-    argv = python_module(module, db_url, ctx.upstream.url, str(CONCURRENCY))
-    child = Child(name, argv, dict(os.environ), ctx.logs / f"{name}.log")
-    ctx.running = [child]
-    usage = child.wait(DRAIN_TIMEOUT_S)
-    _check_exits([child], [usage])
-    return usage, ctx.upstream.arrivals()
+    argv = python_module("bench.floor", ctx.fx.url, ctx.upstream.url, str(CONCURRENCY))
+    _, usage = _run_child(ctx, "floor", argv)
+    s = floor.stats(ctx.fx.url)
+    failed = (s.open + (n - sum(s.by_status.values())), n - s.done - s.open)
+    return _drained(ctx, f"minimal loop (claim {floor.BATCH})", n, s.done,
+                    (s.first_start, s.last_finish), [usage], wall_s=usage.wall_s, failed=failed,
+                    attempts=n, by_status=s.by_status)  # fmt: skip
 
 
 def drain_peer(ctx: Context, n: int) -> DrainResult:
     """The same calls as procrastinate jobs, drained by one procrastinate worker process."""
     asyncio.run(peer.reset_and_defer(ctx.peer_url, n))
-    usage, arrivals = _drain_child(ctx, "peer", "bench.peer_worker", ctx.peer_url)
-    stats = peer.stats(ctx.peer_url)
-    window = stats.last_finish - stats.first_start
-    time.sleep(SETTLE_S)
-    return DrainResult(
-        system=f"procrastinate {peer.VERSION}",
-        n=n,
-        workers=1,
-        per_s=stats.succeeded / window if window > 0 else 0.0,
-        window_s=window,
-        wall_s=usage.wall_s,
-        upstream_per_s=_upstream_rate(arrivals),
-        arrived=len(arrivals.first),
-        duplicates=arrivals.duplicates,
-        non_terminal=stats.non_terminal,
-        not_completed=n - stats.succeeded,
-        attempts=stats.started,
-        rss_mb=[round(usage.max_rss_mb, 1)],
-        cores=ctx.cores(stats.first_start, stats.last_finish),
-        extra={"by_status": stats.by_status},
-    )
+    argv = python_module("bench.peer", ctx.peer_url, ctx.upstream.url, str(CONCURRENCY))
+    _, usage = _run_child(ctx, "peer", argv)
+    s = peer.stats(ctx.peer_url)
+    return _drained(ctx, f"procrastinate {peer.VERSION}", n, s.succeeded,
+                    (s.first_start, s.last_finish), [usage], wall_s=usage.wall_s,
+                    failed=(s.non_terminal, n - s.succeeded), attempts=s.started,
+                    by_status=s.by_status)  # fmt: skip
 
 
 def scaling(ctx: Context, n: int, counts: Sequence[int]) -> list[DrainResult]:

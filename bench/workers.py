@@ -9,9 +9,7 @@ Nothing about the invocations is changed for it.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,14 +17,18 @@ from pathlib import Path
 
 import psycopg
 
-from bench.constants import CONCURRENCY, PROCESS_START_TIMEOUT_S, WORKER_READY_POLL_S
+from bench.constants import CONCURRENCY
 from bench.procs import Child
-from bench.setup import Fixture
+from bench.setup import Fixture, wait_until
 
 LOCK_WAITERS_SQL = (
-    "SELECT count(DISTINCT pid) FROM pg_stat_activity"
+    "SELECT count(DISTINCT pid) AS n FROM pg_stat_activity"
     " WHERE datname = current_database() AND wait_event_type = 'Lock'"
     " AND pid <> pg_backend_pid()"
+)
+LISTENING_SQL = (
+    "SELECT count(*) AS n FROM pg_stat_activity"
+    " WHERE datname = current_database() AND query ILIKE 'LISTEN%%'"
 )
 
 
@@ -41,18 +43,7 @@ class WorkerLaunch:
     extra: tuple[str, ...] = ()  # more `toolrelay worker` options (e.g. --no-sleep-protocol)
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLRELAY_")}
-        env |= {
-            "DATABASE_URL": self.fx.url,
-            "TOOLRELAY_EGRESS_ALLOW": "127.0.0.1",
-            "TOOLRELAY_MASTER_KEY": self.fx.master_key,
-            "TOOLRELAY_HOME": str(self.home),
-        }
-        if self.source is not None:
-            env["PYTHONPATH"] = os.pathsep.join(
-                filter(None, [str(self.source), env.get("PYTHONPATH")])
-            )
-        return env
+        return toolrelay_env(self.fx, self.home, self.source)
 
     def argv(self, interpreter: Sequence[str] = ()) -> list[str]:
         """``interpreter`` replaces plain ``python`` (e.g. py-spy record -- python)."""
@@ -68,13 +59,20 @@ class WorkerLaunch:
         return Child(name, self.argv(interpreter), self.env(), self.logs / f"{name}.log")
 
 
-def py_spy() -> str | None:
-    return shutil.which("py-spy") or _venv_bin("py-spy")
-
-
-def _venv_bin(name: str) -> str | None:
-    candidate = Path(sys.executable).parent / name
-    return str(candidate) if candidate.exists() else None
+def toolrelay_env(fx: Fixture, home: Path, source: Path | None = None) -> dict[str, str]:
+    """The environment of a toolrelay process under test (worker or serve): this run's
+    database and master key, its own home, egress allowed to the loopback upstream, none of
+    the harness's other TOOLRELAY_ settings; ``source`` (a copy of src/) first on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLRELAY_")}
+    env |= {
+        "DATABASE_URL": fx.url,
+        "TOOLRELAY_EGRESS_ALLOW": "127.0.0.1",
+        "TOOLRELAY_MASTER_KEY": fx.master_key,
+        "TOOLRELAY_HOME": str(home),
+    }
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
+    return env
 
 
 @contextmanager
@@ -91,15 +89,21 @@ def gate(url: str) -> Iterator[psycopg.Connection[tuple[int]]]:
 
 def wait_blocked(url: str, workers: Sequence[Child]) -> None:
     """Until every worker is waiting on the gate (or one of them died)."""
-    deadline = time.monotonic() + PROCESS_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        for worker in workers:
-            if worker.poll() is not None:
-                raise RuntimeError(f"{worker.name} exited early:\n{worker.tail()}")
-        # A fresh snapshot each time: pg_stat_activity is cached per transaction.
-        with psycopg.connect(url, autocommit=True) as probe:
-            row = probe.execute(LOCK_WAITERS_SQL).fetchone()
-        if row and int(row[0]) >= len(workers):
-            return
-        time.sleep(WORKER_READY_POLL_S)
-    raise TimeoutError("workers did not reach the gate")
+    wait_until(
+        url,
+        LOCK_WAITERS_SQL,
+        lambda row: int(row["n"]) >= len(workers),
+        "workers did not reach the gate",
+        watch=workers,
+    )
+
+
+def wait_listening(url: str, worker: Child) -> None:
+    """Until a (not draining) worker has run LISTEN: it will hear the next invocation."""
+    wait_until(
+        url,
+        LISTENING_SQL,
+        lambda row: int(row["n"]) >= 1,
+        "the worker did not start listening",
+        watch=[worker],
+    )
