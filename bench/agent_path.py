@@ -1,8 +1,9 @@
 """The agent's path: from MCP ``tools/call`` (or API invoke + ``?wait``) to its answer.
 
-``python -m bench.agent_path [--quick] [--src DIR] [--no-peer]``, loopback only, bounded
-(about a minute, five with the peer; ``--src``: serve another copy of src/, e.g. an older
-commit's, for a baseline in the same run).
+``python -m bench.agent_path [--quick] [--src DIR] [--no-peer] [--profile]``, loopback
+only, bounded (about a minute, five with the peer; ``--src``: serve another copy of src/,
+e.g. an older commit's, for a baseline in the same run; ``--profile``: py-spy on the serve
+process through each door's 16-session window, bench/agent_profile.py).
 
 It starts a fresh database (on DATABASE_URL's server, else an embedded one), the echo
 upstream (bench/upstream.py), and the app as ``toolrelay serve`` builds it, with its
@@ -18,7 +19,9 @@ streamable HTTP; the API with aiohttp):
 - CPU per call: the serve process's and its database's backends' (the server's processes
   whose title names this database: procs.DatabaseBackends; walwriter and other shared
   processes are not counted), read from /proc at the window's two edges (procs.CpuGroups:
-  processes present at both), divided by the calls made in it.
+  processes present at both), divided by the calls made in it; beside it the client
+  processes' CPU per call and the machine's busy cores (all 2 busy: the window measured a
+  saturated machine, whose cores the clients share).
 
 Then the peer (issue 14, goal 2; ``--no-peer`` leaves it out): ContextForge's MCP door
 (bench/contextforge.py) with the same tool, client and upstream, in rounds alternating with
@@ -46,13 +49,17 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from bench import contextforge
+from bench import agent_profile, contextforge
 from bench.constants import OUT_DIR, TOOL_KEY
 from bench.procs import (
     Child,
     CpuGroups,
     DatabaseBackends,
     ServerProcesses,
+    busy_cores,
+    cpu_between,
+    cpu_of,
+    cpu_sample,
     free_port,
     loadavg,
     python_module,
@@ -221,8 +228,9 @@ def backends(url: str) -> Callable[[], list[int]]:
 
 def phase(
     door: str, base: str, tokens: list[str], cpu: CpuGroups, sizes: Sizes, tool: str = TOOL_KEY,
-    lead: float = START_LEAD_S,
+    lead: float = START_LEAD_S, profile: tuple[int, Path] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """``profile``: (pid, path): py-spy on that process through the 16-session window."""
     calls, warmup, sessions, seconds, processes = sizes
     before = cpu.sample()
     times = asyncio.run(sequential(door, base, tokens[0], calls, warmup, tool))
@@ -240,9 +248,12 @@ def phase(
             pool.submit(sessions_in_process, door, base, g, start, seconds, tool) for g in groups
         ]
         time.sleep(max(0.0, start - time.time()))
-        before = cpu.sample()
+        clients = list(pool._processes)  # the client processes: their CPU is counted apart
+        before, machine, client_cpu = cpu.sample(), cpu_sample(), cpu_of(clients)
+        spy = agent_profile.record(profile[0], seconds, profile[1]) if profile else None
         time.sleep(seconds)
-        after = cpu.sample()
+        after, busy = cpu.sample(), busy_cores(machine, cpu_sample())
+        client_s = cpu_between(client_cpu, cpu_of(clients))
         counts = [f.result() for f in futures]
         done = sum(c[0] for c in counts)
     used = cpu.used(before, after)
@@ -252,7 +263,13 @@ def phase(
         "calls_per_s": done / seconds,
         "late_s": max(0.0, max(c[1] for c in counts) - start),  # > 0: the window began early
         "cpu_ms_per_call": {k: s / max(done, 1) * 1000 for k, s in used.items()},
+        "client_cpu_ms_per_call": client_s / max(done, 1) * 1000,
+        "machine_busy_cores": busy,
     }
+    if spy is not None and profile is not None:
+        spy.wait(seconds + 30)
+        if profile[1].exists():
+            wide["profile_ms_per_call"] = agent_profile.summarize(profile[1], done)
     return {"c1": seq, "wide": wide}
 
 
@@ -282,6 +299,21 @@ def print_table(results: dict[str, Any]) -> None:
             "cpu ms/call (serve + pg)", "goals missed"]  # fmt: skip
     print_rows(head, rows)
     print(f"load average before / after: {results['load_before']} / {results['load_after']}")
+    machine = [
+        [door, f"{r['wide']['client_cpu_ms_per_call']:.2f}", f"{r['wide']['machine_busy_cores']:.2f}"]
+        for door, r in results["doors"].items()
+    ]  # fmt: skip
+    print_rows(["16 sessions", "client processes cpu ms/call", "machine cores busy"], machine)
+
+
+def print_profiles(results: dict[str, Any]) -> None:
+    """--profile: ms of the serve process's Python CPU per call, per step (agent_profile)."""
+    doors = {d: r["wide"]["profile_ms_per_call"] for d, r in results["doors"].items()
+             if "profile_ms_per_call" in r["wide"]}  # fmt: skip
+    if doors:
+        steps = list(next(iter(doors.values())))
+        rows = [[step, *(f"{doors[d][step]:.3f}" for d in doors)] for step in steps]
+        print_rows(["serve, Python CPU ms per call (py-spy --gil)", *doors], rows)
 
 
 # --- the peer: ContextForge (issue 14, goal 2) ------------------------------------------------
@@ -389,7 +421,9 @@ def agent_tokens(url: str, owner: Any, agent_id: Any, count: int) -> list[str]:
     return made
 
 
-def main(quick: bool, src: str | None = None, peer: bool = True) -> dict[str, Any]:
+def main(
+    quick: bool, src: str | None = None, peer: bool = True, profile: bool = False
+) -> dict[str, Any]:
     sizes: Sizes = QUICK if quick else (CALLS, WARMUP, SESSIONS, SECONDS, CLIENT_PROCESSES)
     with scratch_server("toolrelay-agent-path-") as pg:
         scratch, url = pg.scratch, pg.database("agentpath")
@@ -410,7 +444,12 @@ def main(quick: bool, src: str | None = None, peer: bool = True) -> dict[str, An
                 "load_before": loadavg(), "postgres": pg.source, "sizes": sizes,
                 "src": src or "src/",
             }  # fmt: skip
-            doors = {door: phase(door, base, tokens, cpu, sizes) for door in ("mcp", "api")}
+            OUT_DIR.mkdir(exist_ok=True)
+            doors = {
+                door: phase(door, base, tokens, cpu, sizes, profile=(
+                    (serve_pid, OUT_DIR / f"agent-path-{door}.pyspy.txt") if profile else None))
+                for door in ("mcp", "api")
+            }  # fmt: skip
             results["doors"] = doors
             for r in doors.values():
                 r["goals"] = verdicts(r)
@@ -434,8 +473,9 @@ if __name__ == "__main__":
     else:
         args = sys.argv[1:]
         source = args[args.index("--src") + 1] if "--src" in args else None
-        out = main("--quick" in args, source, "--no-peer" not in args)
+        out = main("--quick" in args, source, "--no-peer" not in args, "--profile" in args)
         print_table(out)
+        print_profiles(out)
         if "peer" in out:
             print_peer(out["peer"])
         path = OUT_PATH if source is None else OUT_PATH.with_name("agent-path-baseline.json")

@@ -240,3 +240,39 @@ def test_an_agent_cannot_hold_its_call_for_long_or_pass_a_bad_lease(
             (agent.agent_id, agent.owner),
         )
     assert len(agent.list_invocations()) == before  # nothing half-written
+
+
+def test_invoke_with_wait_answers_with_the_handed_row_and_reads_nothing(
+    app: FastAPI, api: str, make_owner: Any, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """POST ?wait: the worker hands over the row it wrote (dispatch/worker.py _outcome_row),
+    and it is the answer field for field, as a read of the call gives it afterwards."""
+    owner = make_owner()
+    tool = {"name": "echo", "endpoint_url": f"{upstream.base_url}/echo-{uuid.uuid4().hex}",
+            "http_method": "POST", "egress_class": "read_only"}  # fmt: skip
+    assert owner.put("/v1/tools/echo", json=tool).status_code == 200
+    bot = agent_client(api, owner, "bot")
+    assert owner.put("/v1/assignments/bot/echo").status_code == 200
+    call = {"tool": "echo", "input": {"text": "hi"}, "reason": "to compare"}
+    assert bot.post("/v1/agent/invocations", params={"wait": 10}, json=call).status_code == 202
+    outcomes = app.state.toolrelay.outcomes
+    assert until(lambda: outcomes.listening)  # else the wait reads once before it waits
+    reads: list[Any] = []
+    read = Registry.get_invocation
+
+    def counted(self: Registry, *args: Any, **kwargs: Any) -> Any:
+        reads.append(args)
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Registry, "get_invocation", counted)
+    answer = bot.post("/v1/agent/invocations", params={"wait": 10}, json=call).json()
+    assert reads == []
+    monkeypatch.undo()
+    assert answer["status"] == "completed", answer
+    shown = bot.get(f"/v1/agent/invocations/{answer['id']}").json()
+    assert answer == {key: shown[key] for key in answer}
+    assert (answer["tool_key"], answer["agent_name"], answer["reason"]) == (
+        "echo",
+        "bot",
+        "to compare",
+    )

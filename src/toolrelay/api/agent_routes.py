@@ -88,7 +88,7 @@ async def invoke(
     # (GET ?wait waits on the decision).
     row = await wait_for_invocation(
         request, registry, invocation_id, wait, agent=_me(caller), stop_at_pending=True,
-        unread_since=mark,
+        unread_since=mark, own=True,
     )  # fmt: skip
     return s.InvocationOut.model_validate(row)
 

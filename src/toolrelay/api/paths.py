@@ -41,10 +41,12 @@ async def wait_for_invocation(
     *,
     stop_at_pending: bool = False,
     unread_since: int | None = None,
+    own: bool = False,
 ) -> Row:
     """The invocation, once finished (or, ``stop_at_pending``, awaiting a decision) or when
     ``wait`` seconds (capped) have passed; ``unread_since``: Outcomes.mark() taken before
-    the call was made.
+    the call was made; ``own``: this request made the call, so an outcome the in-process
+    worker hands over is its answer, unread (Outcomes.wait_for's ``take_handed``).
 
     Woken by the outcome's NOTIFY (toolrelay.dispatch.outcomes), not by a fixed poll."""
     read = partial(run_in_threadpool, registry.get_invocation, invocation_id, agent=agent)
@@ -56,4 +58,5 @@ async def wait_for_invocation(
         min(wait, MAX_WAIT),
         gone=request.is_disconnected,
         unread_since=unread_since,
+        take_handed=own,
     )

@@ -160,7 +160,9 @@ class DispatchStore:
             )
             return {row["id"] for row in await cur.fetchall()}
 
-    async def finish(self, results: Sequence[Row], attempts: Sequence[Row]) -> set[UUID]:
+    async def finish(self, results: Sequence[Row], attempts: Sequence[Row]) -> dict[UUID, Row]:
+        """Record results and attempts: the rows written (input and output left out), by id;
+        a result whose lease was taken over is not among them."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 self.finish_query,
@@ -170,7 +172,7 @@ class DispatchStore:
                     "worker": self.worker,
                 },
             )
-            return {row["id"] for row in await cur.fetchall()}
+            return {row["id"]: row for row in await cur.fetchall()}
 
     async def heartbeat(self, ids: Sequence[UUID], lease_seconds: float) -> set[UUID]:
         async with self.pool.connection() as conn:

@@ -160,7 +160,7 @@ class Worker:
         # without waiting for the NOTIFY (still sent, for every other process), and are
         # handed the outcome as written (id -> row, None where a read must tell).
         self.on_outcomes: Callable[[Mapping[str, Row | None]], None] | None = None
-        self._told: dict[str, tuple[str, str]] = {}  # id -> (tool key, approval status)
+        self._told: dict[str, Row] = {}  # id -> what the waiter's row takes of the claim
         # Claim in batches: while work is in flight, wait until a quarter of the slots are
         # free rather than paying one claim round trip per finished call.
         self._min_claim = max(1, min(CLAIM_BATCH, settings.concurrency) // 4)
@@ -486,7 +486,7 @@ class Worker:
             "fingerprint": row["current_fingerprint"],
         }
         if self.on_outcomes is not None:
-            self._told[result["id"]] = (row["tool_key"], row["approval_status"])
+            self._told[result["id"]] = {k: row[k] for k in ("input", "tool_key", "agent_name")}
         # Queued before the first await, and only the wait is shielded: a shutdown does not
         # lose a result already decided (nor hand the claim back while it is written).
         queued = self.done.enqueue((result, attempt.record(row, outcome)))
@@ -514,8 +514,8 @@ class Worker:
             told = [(r, self._told.pop(r["id"], None)) for r, _ in items]
         if self.on_outcomes is not None:
             self.on_outcomes({
-                r["id"]: _outcome_row(r, meta)
-                for r, meta in told if r["status"] != "running" and UUID(r["id"]) in written
+                r["id"]: _outcome_row(r, claimed, written[UUID(r["id"])])
+                for r, claimed in told if r["status"] != "running" and UUID(r["id"]) in written
             })  # fmt: skip
         return [UUID(r["id"]) if UUID(r["id"]) in written else None for r, _ in items]
 
@@ -703,13 +703,19 @@ class Worker:
                 await self._db_call(self.store.release(ids))
 
 
-def _outcome_row(result: Row, meta: tuple[str, str] | None) -> Row | None:
-    """What a waiter may be handed of a finished call, as get_invocation would read it; None
-    for a call sent back to approval (its approval state changed in the database)."""
-    if meta is None or result["status"] not in ("completed", "failed"):
+def _outcome_row(result: Row, claimed: Row | None, written: Row) -> Row | None:
+    """What a waiter may be handed of a finished call: the row as get_invocation reads it,
+    from what ``finish`` wrote and what the claim read (input, tool key, agent name); None
+    for a call sent back to approval (a read tells its new approval state)."""
+    if claimed is None or result["status"] not in ("completed", "failed"):
         return None
-    keys = ("id", "status", "output", "error", "error_code", "http_status", "output_mismatch")
-    return {k: result[k] for k in keys} | {"tool_key": meta[0], "approval_status": meta[1]}
+    return written | {
+        "input": claimed["input"],
+        "output": result["output"],
+        "tool_key": claimed["tool_key"] or written["deleted_tool_key"],
+        "agent_name": claimed["agent_name"] or written["deleted_agent_name"],
+        "retried_by": None,  # a call is retried only once finished, by a later request
+    }
 
 
 def _summary_text(delta: Counts, failed: dict[str, int], in_flight: int) -> str:

@@ -57,7 +57,7 @@ SELECT n.id, n.owner, n.agent_id, n.tool_id, n.input, n.attempt, n.approval_stat
        tools.cred_id, tools.cred_owner, tools.cred_name, tools.cred_kind, tools.cred_status,
        tools.cred_allowed_hosts, tools.cred_key_id, tools.cred_wrapped_key, tools.cred_nonce,
        tools.cred_ciphertext, tools.cred_expires_at,
-       a.status AS agent_status, s.allowed AS assignment_allowed
+       a.status AS agent_status, a.name AS agent_name, s.allowed AS assignment_allowed
   FROM numbered n
   -- LEFT: a deleted tool or agent fails the call in the worker instead of stranding it
   LEFT JOIN tools ON tools.tid = n.tool_id AND n.tool_nth = 1
@@ -115,6 +115,8 @@ RETURNING i.id;
 -- Waiters learn of terminal outcomes and of calls back at 'pending' (not of retries) from
 -- NOTIFY toolrelay_done in this transaction, so a woken waiter sees the row: one per batch,
 -- ids comma-separated, 200 ids (7,400 bytes) at most per payload (the limit is 8,000).
+-- Returns each row written as get_invocation reads it, but input and output (the worker
+-- has both): `serve` hands it to the call's waiter, which then reads nothing.
 WITH r AS (
     SELECT * FROM jsonb_to_recordset(%(results)s) AS x(
         id uuid, attempt integer, status text, output jsonb, error text, error_code text,
@@ -161,7 +163,12 @@ UPDATE agents.tool_invocations i
    -- by primary key whatever the statistics say (see mark_sent)
    AND i.id = ANY (ARRAY(SELECT (e ->> 'id')::uuid FROM jsonb_array_elements(%(results)s) e))
    AND coalesce(i.status, '') = 'running'
-RETURNING i.id, i.status
+RETURNING i.id, i.owner, i.tool_id, i.agent_id, i.run_id, i.status, i.approval_status,
+          i.error, i.error_code, i.created_at, i.updated_at, i.approval_expires_at,
+          i.config_fingerprint, i.decided_by, i.decided_at, i.reject_reason, i.attempt,
+          i.lease_owner, i.lease_expires_at, i.run_after, i.sent_at, i.http_status,
+          i.output_mismatch, i.finished_at, i.deleted_tool_key, i.deleted_agent_name,
+          i.request_digest, i.retry_of, i.decided_by_policy, i.reason
 ), told AS (
     SELECT count(pg_notify('toolrelay_done', ids)) AS n
       FROM (SELECT string_agg(id::text, ',') AS ids
@@ -169,7 +176,7 @@ RETURNING i.id, i.status
                       FROM done WHERE status <> 'running') numbered
              GROUP BY chunk) chunks
 )
-SELECT done.id FROM done, told;
+SELECT done.* FROM done, told;
 
 -- name: heartbeat
 UPDATE agents.tool_invocations
