@@ -33,7 +33,9 @@ STEPS = {
     "worker: record results (Worker._flush_results)": ("Worker._flush_results",),
     "HTTP exchange with the upstream (http.send)": ("send",),
     "logging (Logger.handle)": ("Logger.handle",),
-    "thread hand-offs (anyio run_sync_in_worker_thread)": ("run_sync_in_worker_thread",),
+    "thread hand-offs (anyio run_sync_in_worker_thread)": (
+        "AsyncIOBackend.run_sync_in_worker_thread",
+    ),
     "psycopg (anywhere)": ("BaseCursor._execute_gen", "AsyncCursor.execute"),
 }
 

@@ -164,9 +164,9 @@ def dbname(url: str) -> str:
 
 def postmaster_of(url: str) -> int | None:
     """The PostgreSQL server's main process, when it runs on this machine and is visible."""
-    with psycopg.connect(url) as conn:
+    with psycopg.connect(url) as conn:  # its parent read while it lives: it exits after
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    return parent_pid(row[0]) if row else None
+        return parent_pid(row[0]) if row else None
 
 
 def server_version(url: str) -> str:
