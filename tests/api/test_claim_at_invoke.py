@@ -226,9 +226,15 @@ def test_an_agent_cannot_hold_its_call_for_long_or_pass_a_bad_lease(
     db: Database, upstream: Upstream, database_url: str
 ) -> None:
     agent, _ = registry_with_read(db, upstream)
-    for lease, seconds in ((1e9, 300), (-5.0, 30), (float("nan"), 300), (float("inf"), 300)):
-        made = agent.invoke("bot", "read", {}, claim=("someone", lease))
-        assert row_of(database_url, str(made))["lease"].total_seconds() == pytest.approx(seconds)
+    made = []
+    try:
+        for lease, seconds in ((1e9, 300), (-5.0, 30), (float("nan"), 300), (float("inf"), 300)):
+            made.append(agent.invoke("bot", "read", {}, claim=("someone", lease)))
+            lease_made = row_of(database_url, str(made[-1]))["lease"]
+            assert lease_made.total_seconds() == pytest.approx(seconds)
+    finally:  # held by nobody for minutes: a later test's --drain would wait them out
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("DELETE FROM agents.tool_invocations WHERE id = ANY(%s)", (made,))
     before = len(agent.list_invocations())
     refused = pytest.raises(psycopg.errors.InvalidParameterValue, match="claim_lease")
     with refused, db.as_owner(agent.owner, agent.agent_id) as conn:  # SQL as the agent
