@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from toolrelay.api import schemas as s
 from toolrelay.api.auth import agent_caller
-from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.context import ApiContext, request_context
 from toolrelay.api.errors import BODY, SPLIT, error_responses
 from toolrelay.api.paths import Wait, wait_for_invocation
 from toolrelay.db.connect import Row
@@ -21,7 +21,7 @@ from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1/agent", tags=["agent"])
 
-Ctx = Annotated[ApiContext, Depends(get_context)]
+Ctx = Annotated[ApiContext, Depends(request_context)]
 Agent = Annotated[Caller, Depends(agent_caller)]
 
 

@@ -27,7 +27,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup, escape
 
 from toolrelay.api.auth import authenticate
-from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.context import ApiContext, request_context
 from toolrelay.errors import PermissionDenied, ToolrelayError
 from toolrelay.registry.members import Members
 from toolrelay.registry.preview import preview_request
@@ -49,7 +49,7 @@ _env = Environment(
     lstrip_blocks=True,
 )
 
-Ctx = Annotated[ApiContext, Depends(get_context)]
+Ctx = Annotated[ApiContext, Depends(request_context)]
 
 
 # --- characters that must not be drawn raw ---------------------------------------------------

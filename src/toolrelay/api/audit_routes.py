@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
 from toolrelay.api.auth import owner_caller
-from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.context import ApiContext, request_context
 from toolrelay.api.errors import SPLIT, error_responses
 from toolrelay.registry.audit import AUDIT_PAGE_MOST, DEFAULT_AUDIT_LIMIT, audit_page
 from toolrelay.tokens import Caller
@@ -62,7 +62,7 @@ class AuditPage(BaseModel):
     summary="The audit log of configuration, newest first (an owner token)",
 )
 def list_audit(
-    context: Annotated[ApiContext, Depends(get_context)],
+    context: Annotated[ApiContext, Depends(request_context)],
     caller: Annotated[Caller, Depends(owner_caller)],
     since: Annotated[
         datetime | None, Query(description="Only changes at or after this time (ISO 8601).")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.context import ApiContext, request_context
 from toolrelay.api.errors import RateLimited
 from toolrelay.api.limits import retry_after_seconds
 from toolrelay.errors import PermissionDenied
@@ -42,18 +42,19 @@ def limit(context: ApiContext, key: str) -> None:
 def any_caller(
     request: Request,
     credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-    context: ApiContext = Depends(get_context),
+    context: ApiContext = Depends(request_context),
 ) -> Caller:
     return authenticate(request, context, credentials.credentials if credentials else None)
 
 
-def owner_caller(caller: Caller = Depends(any_caller)) -> Caller:
+# async: a check without I/O runs in the event loop (a plain def dependency gets a thread)
+async def owner_caller(caller: Caller = Depends(any_caller)) -> Caller:
     if caller.is_agent:
         raise PermissionDenied("this needs an owner token; an agent token cannot do it")
     return caller
 
 
-def agent_caller(caller: Caller = Depends(any_caller)) -> Caller:
+async def agent_caller(caller: Caller = Depends(any_caller)) -> Caller:
     if not caller.is_agent:
         raise PermissionDenied("this is an agent endpoint; use an agent token")
     return caller

@@ -90,3 +90,9 @@ class ApiContext:
 def get_context(request: Request) -> ApiContext:
     context: ApiContext = request.app.state.toolrelay
     return context
+
+
+async def request_context(request: Request) -> ApiContext:
+    """``get_context`` as a dependency: async, so FastAPI runs it in the event loop instead
+    of handing it to a thread (it does no I/O), as it does every plain ``def`` dependency."""
+    return get_context(request)

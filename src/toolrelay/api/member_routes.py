@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrelay.api.auth import owner_caller
-from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.context import ApiContext, request_context
 from toolrelay.api.errors import BODY, SPLIT, error_responses
 from toolrelay.errors import InvalidArgument
 from toolrelay.registry.members import Member, Members
@@ -19,7 +19,7 @@ from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1")
 
-Ctx = Annotated[ApiContext, Depends(get_context)]
+Ctx = Annotated[ApiContext, Depends(request_context)]
 Owner = Annotated[Caller, Depends(owner_caller)]
 Role = Literal["admin", "approver", "viewer"]
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolrelay.api import schemas as s
 from toolrelay.api.auth import any_caller, owner_caller
-from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.context import ApiContext, request_context
 from toolrelay.api.errors import AUTHENTICATED, BODY, SPLIT, error_responses
 from toolrelay.api.paths import (
     AgentRef,
@@ -29,7 +29,7 @@ from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1")
 
-Ctx = Annotated[ApiContext, Depends(get_context)]
+Ctx = Annotated[ApiContext, Depends(request_context)]
 Owner = Annotated[Caller, Depends(owner_caller)]
 
 

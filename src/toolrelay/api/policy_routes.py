@@ -11,14 +11,14 @@ from fastapi import APIRouter, Depends, Query, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrelay.api.auth import owner_caller
-from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.context import ApiContext, request_context
 from toolrelay.api.errors import BODY, SPLIT, error_responses
 from toolrelay.registry.policies import Policies, Policy
 from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1")
 
-Ctx = Annotated[ApiContext, Depends(get_context)]
+Ctx = Annotated[ApiContext, Depends(request_context)]
 Owner = Annotated[Caller, Depends(owner_caller)]
 
 

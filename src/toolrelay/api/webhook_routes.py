@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrelay.api.auth import owner_caller
-from toolrelay.api.context import ApiContext, get_context
+from toolrelay.api.context import ApiContext, request_context
 from toolrelay.api.errors import BODY, SPLIT, error_responses
 from toolrelay.notify import EVENTS, Webhooks
 from toolrelay.notify.subscriptions import MAX_LIMIT, MAX_URL_LENGTH
@@ -18,7 +18,7 @@ from toolrelay.tokens import Caller
 
 router = APIRouter(prefix="/v1", tags=["webhooks"])
 
-Ctx = Annotated[ApiContext, Depends(get_context)]
+Ctx = Annotated[ApiContext, Depends(request_context)]
 Owner = Annotated[Caller, Depends(owner_caller)]
 Event = Literal[
     "invocation.pending",
