@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.api.gates import Gate
 from tests.api.servers import serve_app, threaded_upstream
 from tests.dispatch.upstream import Upstream
 from toolrelay.api import ApiSettings, create_app
@@ -114,3 +115,16 @@ def agent_client(api: str, owner: Client, name: str) -> Client:
     token = owner.post("/v1/tokens", json={"agent": name, "name": f"{name} token"})
     assert token.status_code == 201, token.text
     return client(api, token.json()["token"], owner.owner, uuid.UUID(agent.json()["id"]))
+
+
+def held_read(owner: Client, upstream: Upstream, api: str) -> tuple[Client, Gate, str]:
+    """An agent client (`bot`) and its tool `read`, a GET to a path of its own whose
+    upstream answers once the gate opens; and that path."""
+    gate, path = Gate(), f"/held/{uuid.uuid4().hex}"
+    upstream.routes[path] = gate.handler
+    tool = {"name": "read", "endpoint_url": f"{upstream.base_url}{path}", "http_method": "GET",
+            "egress_class": "read_only"}  # fmt: skip
+    assert owner.put("/v1/tools/read", json=tool).status_code == 200
+    bot = agent_client(api, owner, "bot")
+    assert owner.put("/v1/assignments/bot/read").status_code == 200
+    return bot, gate, path

@@ -21,8 +21,8 @@ import psycopg
 import pytest
 from fastapi import FastAPI
 
-from tests.api.conftest import agent_client, settings
-from tests.api.gates import Gate, until
+from tests.api.conftest import agent_client, held_read, settings
+from tests.api.gates import until
 from tests.api.servers import serve_app
 from tests.dispatch.conftest import LOOPBACK_ONLY
 from tests.dispatch.upstream import Upstream
@@ -53,18 +53,6 @@ def in_process_worker(app: FastAPI) -> Worker:
     assert worker is not None, "serve's worker is running"
     assert isinstance(worker, Worker)
     return worker
-
-
-def held_read(owner: Any, upstream: Upstream, api: str) -> tuple[Any, Gate]:
-    """An agent client and its tool `read`, whose upstream answers once the gate opens."""
-    gate, path = Gate(), f"/held/{uuid.uuid4().hex}"
-    upstream.routes[path] = gate.handler
-    tool = {"name": "read", "endpoint_url": f"{upstream.base_url}{path}", "http_method": "GET",
-            "egress_class": "read_only"}  # fmt: skip
-    assert owner.put("/v1/tools/read", json=tool).status_code == 200
-    bot = agent_client(api, owner, "bot")
-    assert owner.put("/v1/assignments/bot/read").status_code == 200
-    return bot, gate
 
 
 @contextmanager
@@ -109,7 +97,7 @@ def test_a_call_made_here_is_claimed_as_inserted_and_wakes_nobody(
     app: FastAPI, api: str, make_owner: Any, upstream: Upstream, database_url: str
 ) -> None:
     worker = in_process_worker(app)
-    bot, gate = held_read(make_owner(), upstream, api)
+    bot, gate, _ = held_read(make_owner(), upstream, api)
     with runnable_notes(database_url) as notes:
         try:
             made = bot.post("/v1/agent/invocations", json={"tool": "read", "input": {}})
@@ -134,7 +122,7 @@ def test_a_full_worker_is_handed_nothing_more_and_the_call_notifies(
     app: FastAPI, api: str, make_owner: Any, upstream: Upstream, database_url: str
 ) -> None:
     worker = in_process_worker(app)
-    bot, gate = held_read(make_owner(), upstream, api)
+    bot, gate, _ = held_read(make_owner(), upstream, api)
     with runnable_notes(database_url) as notes:
         try:
             first = bot.post("/v1/agent/invocations", json={"tool": "read", "input": {}}).json()

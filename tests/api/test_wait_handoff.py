@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 
-from tests.api.conftest import agent_client, settings
-from tests.api.gates import Gate, until
+from tests.api.conftest import held_read, settings
+from tests.api.gates import until
 from tests.api.servers import serve_app
 from tests.dispatch.upstream import Upstream
 from toolrelay.api import create_app
@@ -36,18 +36,6 @@ def app(database_url: str, keyring: Keyring) -> FastAPI:
 def api(app: FastAPI) -> Iterator[str]:
     with serve_app(app) as url:
         yield url
-
-
-def held_read(owner: Any, upstream: Upstream, api: str) -> tuple[Any, Gate, str]:
-    """An agent client and its tool `read`, whose upstream answers once the gate opens."""
-    gate, path = Gate(), f"/held/{uuid.uuid4().hex}"
-    upstream.routes[path] = gate.handler
-    tool = {"name": "read", "endpoint_url": f"{upstream.base_url}{path}", "http_method": "GET",
-            "egress_class": "read_only"}  # fmt: skip
-    assert owner.put("/v1/tools/read", json=tool).status_code == 200
-    bot = agent_client(api, owner, "bot")
-    assert owner.put("/v1/assignments/bot/read").status_code == 200
-    return bot, gate, path
 
 
 def test_the_in_process_worker_wakes_the_waiter_without_notify(
