@@ -12,10 +12,9 @@ invoke), so they are not a sum.
 from __future__ import annotations
 
 import subprocess
-from collections import Counter
 from pathlib import Path
 
-from bench.profile import py_spy
+from bench.profile import inclusive_samples, py_spy
 
 RATE_HZ = 250
 # Inclusive samples of these frames (function name as py-spy prints it), per call.
@@ -52,15 +51,7 @@ def record(pid: int, seconds: float, path: Path) -> subprocess.Popen[bytes] | No
 
 def summarize(path: Path, calls: int) -> dict[str, float]:
     """Milliseconds of Python CPU per call, per step, and ``all`` (every sample)."""
-    inclusive: Counter[str] = Counter()
-    total = 0
-    for line in path.read_text("utf-8", "replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        total += int(count)
-        for name in {frame.split(" (", 1)[0] for frame in stack.split(";")}:
-            inclusive[name] += int(count)
+    total, inclusive = inclusive_samples(path)
 
     def per_call(samples: int) -> float:
         return round(samples / RATE_HZ / max(calls, 1) * 1000, 3)

@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,24 +73,34 @@ def _function(frame: str) -> str:
     return frame.split(" (", 1)[0]
 
 
+def stacks(path: Path) -> Iterator[tuple[list[str], int]]:
+    """py-spy's collapsed stacks (``--format raw``): each stack's frames and its samples."""
+    for line in path.read_text("utf-8", "replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit():
+            yield stack.split(";"), int(count)
+
+
+def inclusive_samples(path: Path) -> tuple[int, Counter[str]]:
+    """All samples, and per function name the samples with it anywhere on the stack."""
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for frames, n in stacks(path):
+        total += n
+        for name in {_function(f) for f in frames}:
+            inclusive[name] += n
+    return total, inclusive
+
+
 def summarize(
     path: Path,
 ) -> tuple[int, dict[str, float], dict[str, float], list[tuple[str, float]]]:
     self_time: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
     areas: Counter[str] = Counter()
-    total = 0
-    for line in path.read_text("utf-8", "replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        n = int(count)
-        total += n
-        frames = stack.split(";")
+    total, inclusive = inclusive_samples(path)
+    for frames, n in stacks(path):
         leaf = frames[-1]
         self_time[_LINE.sub(")", leaf)] += n
-        for name in {_function(f) for f in frames}:
-            inclusive[name] += n
         area = next((a for a, rx in AREAS if rx.search(leaf)), None)
         if area is None and any("<frozen importlib" in f for f in frames):
             area = "imports (startup)"
