@@ -18,6 +18,7 @@ from toolrelay.errors import ConfigurationError
 Row = dict[str, Any]
 # The part of `finish` that makes a worker whose lease was taken over write nothing.
 FINISH_FENCE = " AND i.attempt = r.attempt AND i.lease_owner = %(worker)s"
+FINISH_ROWS = "SELECT done.*"  # what `finish` returns: the rows it wrote
 POOL_MIN = 2
 POOL_MAX = 6
 # The claim's per-tool columns: on the first row of each tool only (tool_nth = 1).
@@ -86,13 +87,22 @@ def open_pool(
 
 class DispatchStore:
     def __init__(
-        self, pool: AsyncConnectionPool[AsyncConnection[Row]], worker: str, pooler: bool = False
+        self,
+        pool: AsyncConnectionPool[AsyncConnection[Row]],
+        worker: str,
+        pooler: bool = False,
+        written_rows: bool = False,
     ) -> None:
+        """``written_rows``: ``finish`` returns the rows it wrote (for a process whose waiters
+        are handed them); else only their ids, which is all a worker alone needs."""
         self.pool = pool
         self.worker = worker
         self.pooler = pooler
         self.q = load("dispatch")
         self.finish_query = self.q["finish"]
+        assert self.finish_query.count(FINISH_ROWS) == 1, "finish ends selecting done's rows"
+        if not written_rows:
+            self.finish_query = self.finish_query.replace(FINISH_ROWS, "SELECT done.id")
         # The claim that also wakes this worker: its first CTE is the "wake" query.
         head, picked, rest = self.q["claim"].partition("WITH picked AS (")
         assert picked, "the claim query starts its CTEs with picked"
@@ -161,8 +171,9 @@ class DispatchStore:
             return {row["id"] for row in await cur.fetchall()}
 
     async def finish(self, results: Sequence[Row], attempts: Sequence[Row]) -> dict[UUID, Row]:
-        """Record results and attempts: the rows written (input and output left out), by id;
-        a result whose lease was taken over is not among them."""
+        """Record results and attempts: the rows written (input and output left out; only
+        the id without ``written_rows``), by id; a result whose lease was taken over is not
+        among them."""
         async with self.pool.connection() as conn:
             cur = await conn.execute(
                 self.finish_query,

@@ -155,7 +155,7 @@ class Worker:
         # Calls this process is making, claimed for this worker as they are inserted
         # (``reserve``/``adopt``, migration 0036): each holds a slot until its row starts.
         self.reserved = 0
-        self._adopting: Batcher[UUID | None, None] | None = None
+        self._adopting: Batcher[UUID, None] | None = None
         # In `serve`, the app's Outcomes.hand: its waiters wake as soon as `finish` commits,
         # without waiting for the NOTIFY (still sent, for every other process), and are
         # handed the outcome as written (id -> row, None where a read must tell).
@@ -172,7 +172,10 @@ class Worker:
         self._log_start()
         pool = open_pool(self.url, pooler=self.settings.pooler)
         await pool.open(wait=True)
-        self.store = DispatchStore(pool, self.settings.worker_id, pooler=self.settings.pooler)
+        self.store = DispatchStore(
+            pool, self.settings.worker_id, pooler=self.settings.pooler,
+            written_rows=self.on_outcomes is not None,
+        )  # fmt: skip
         names = await self._check_endpoints(pool)
         self.sent: Batcher[Row, bool] = Batcher(self._flush_sent)
         self.done: Batcher[tuple[Row, Row], UUID | None] = Batcher(
@@ -294,14 +297,13 @@ class Worker:
             return
         self._adopting.enqueue(invocation_id)
 
-    async def _flush_adopted(self, ids: Sequence[UUID | None]) -> list[None]:
+    async def _flush_adopted(self, ids: Sequence[UUID]) -> list[None]:
         """One read for every call handed over since the last: started like claimed rows
         (the tool's settings and gating read now, as a claim reads them). A call not found
         as this worker's first attempt (it waits for approval, or its lease ran out and
         someone else has it) is not started."""
-        wanted = [i for i in ids if i is not None]
         try:
-            rows = (await self._db_call(self.store.adopt(wanted))) if wanted else []
+            rows = await self._db_call(self.store.adopt(ids))
         finally:
             self.reserved -= len(ids)
         if self.stopping.is_set() and rows:  # not started: give them back to any worker

@@ -116,7 +116,8 @@ RETURNING i.id;
 -- NOTIFY toolrelay_done in this transaction, so a woken waiter sees the row: one per batch,
 -- ids comma-separated, 200 ids (7,400 bytes) at most per payload (the limit is 8,000).
 -- Returns each row written as get_invocation reads it, but input and output (the worker
--- has both): `serve` hands it to the call's waiter, which then reads nothing.
+-- has both): `serve` hands it to the call's waiter, which then reads nothing. A worker with
+-- nobody to hand it to selects done.id alone (store.py).
 WITH r AS (
     SELECT * FROM jsonb_to_recordset(%(results)s) AS x(
         id uuid, attempt integer, status text, output jsonb, error text, error_code text,
