@@ -10,9 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import conninfo
 
-from toolrelay.db import migrate
+from toolrelay.db import Database, migrate
 
 
 def server_url(scratch: Path) -> str:
@@ -50,3 +51,16 @@ def migrated_database(admin_url: str) -> Iterator[str]:
         yield url
     finally:
         drop_database(admin_url, url)
+
+
+# A test module that wants a database of its own imports these two (they override the
+# session's fixtures of the same names there): `from tests.pgtest import own_database_url`.
+@pytest.fixture(scope="module", name="database_url")
+def own_database_url(admin_url: str) -> Iterator[str]:
+    with migrated_database(admin_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module", name="db")
+def own_db(database_url: str) -> Database:
+    return Database(database_url)

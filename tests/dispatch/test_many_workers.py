@@ -5,33 +5,20 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Iterator
 
-import pytest
 from psycopg.types.json import Jsonb
 
 from tests.dispatch.upstream import Upstream
-from tests.pgtest import migrated_database
+from tests.pgtest import own_database_url, own_db  # noqa: F401 (fixtures)
 from tests.registry.helpers import agent_with_tool
-from toolrelay.db import Database
 from toolrelay.registry import Registry
 
+# A database of its own (own_database_url, imported above): the workers drain everything
+# runnable, and other tests leave calls behind (to hosts that never answer, with retries)
+# that took them 60 s instead of 6.
 INVOCATIONS = 2000
 WORKERS = 3
 RUN_TIMEOUT = 180.0  # seconds
-
-
-# A database of its own: the workers drain everything runnable, and other tests leave calls
-# behind (to hosts that never answer, with retries) that took them 60 s instead of 6.
-@pytest.fixture(scope="module")
-def database_url(admin_url: str) -> Iterator[str]:
-    with migrated_database(admin_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def db(database_url: str) -> Database:
-    return Database(database_url)
 
 
 def invoke_many(registry: Registry, agent: str, tool_key: str, count: int) -> None:

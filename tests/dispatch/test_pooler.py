@@ -13,7 +13,7 @@ from aiohttp import web
 from tests.dispatch import pgbouncer
 from tests.dispatch.conftest import LOOPBACK_ONLY
 from tests.dispatch.upstream import Upstream
-from tests.pgtest import migrated_database
+from tests.pgtest import own_database_url  # noqa: F401 (fixtures)
 from tests.registry.helpers import agent_with_tool
 from toolrelay import errors
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
@@ -23,19 +23,14 @@ from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.registry import Registry, ToolSpec
 from toolrelay.tokens import TokenStore
 
+# A database of its own (own_database_url, imported above): the drains take everything
+# runnable, and other tests leave calls behind (to hosts that never answer, with retries)
+# that made one drain here 50 s long.
 RUN_TIMEOUT = 60.0  # seconds
 
 pytestmark = pytest.mark.skipif(
     not pgbouncer.available(), reason="pgbouncer is not installed (apt-get install pgbouncer)"
 )
-
-
-# A database of its own: the drains take everything runnable, and other tests leave calls
-# behind (to hosts that never answer, with retries) that made one drain here 50 s long.
-@pytest.fixture(scope="module")
-def database_url(admin_url: str) -> Iterator[str]:
-    with migrated_database(admin_url) as url:
-        yield url
 
 
 @pytest.fixture
