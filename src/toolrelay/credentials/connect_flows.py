@@ -22,8 +22,8 @@ import psycopg
 from toolrelay.credentials import connect as flow
 from toolrelay.credentials import crypto
 from toolrelay.credentials.keys import Keyring
-from toolrelay.credentials.store import CredentialStore, _translated
-from toolrelay.db import Database, translate_db_error
+from toolrelay.credentials.store import CredentialStore
+from toolrelay.db import Database, translate_db_error, translated
 from toolrelay.errors import InvalidArgument, NotFound
 from toolrelay.tokens import Acting, Caller, acting_as, as_acting
 
@@ -97,7 +97,7 @@ class ConnectFlows:
                 raise InvalidArgument("this server has no master key to seal the client secret")
             sealed = crypto.seal(self._keyring, _ident(flow_id, owner), client_secret.encode())
         hosts = list(allowed_hosts or chosen.allowed_hosts)
-        with _translated(), as_acting(self._db, who) as conn:
+        with translated(), as_acting(self._db, who) as conn:
             row = conn.execute(
                 "SELECT fn_connect_begin(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
                 " AS expires_at",
@@ -111,7 +111,7 @@ class ConnectFlows:
         return flow_id, row["expires_at"]
 
     def get(self, flow_id: UUID) -> FlowRow:
-        with _translated(), self._db.as_dispatcher() as conn:
+        with translated(), self._db.as_dispatcher() as conn:
             row = conn.execute("SELECT * FROM agents.connect_flows WHERE id = %s", (flow_id,))
             found = row.fetchone()
         if found is None:
@@ -119,7 +119,7 @@ class ConnectFlows:
         return _row(found)
 
     def continued(self, row: FlowRow, started: flow.Started) -> None:
-        with _translated(), self._db.as_dispatcher() as conn:
+        with translated(), self._db.as_dispatcher() as conn:
             conn.execute(
                 "SELECT agents.fn_connect_continue(%s, %s, %s, %s, %s)",
                 (row.id, state_hash(started.state), started.nonce, started.code_verifier,
@@ -171,7 +171,7 @@ class ConnectFlows:
 
     def connected_with(self, who: Acting, credential_id: UUID) -> dict[str, Any] | None:
         """How ``credential_id`` was connected (provider, issuer, parameters), if it was."""
-        with _translated(), as_acting(self._db, who) as conn:
+        with translated(), as_acting(self._db, who) as conn:
             return conn.execute(
                 "SELECT provider, issuer, parameters FROM agents.credential_connections"
                 " WHERE credential_id = %s",
@@ -187,7 +187,7 @@ def record_connection(
     issuer: str | None,
     parameters: dict[str, str],
 ) -> None:
-    with _translated(), db.as_dispatcher() as conn:
+    with translated(), db.as_dispatcher() as conn:
         conn.execute(
             "INSERT INTO agents.credential_connections (credential_id, owner, provider, issuer,"
             " parameters) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (credential_id) DO UPDATE"

@@ -27,7 +27,7 @@ from toolrelay.credentials.formats import (
 )
 from toolrelay.credentials.hosts import normalize_host_entry
 from toolrelay.credentials.keys import Keyring
-from toolrelay.db import Database, translate_db_error
+from toolrelay.db import Database, translated
 from toolrelay.db.connect import Row
 from toolrelay.errors import (
     ConfigurationError,
@@ -158,7 +158,7 @@ class CredentialStore:
             row = _owned(conn, credential_id, "id, kind")
         if row["kind"] != "oauth":
             raise InvalidArgument(f"credential {credential_id} is {row['kind']}, not oauth")
-        with _translated(), self._db.as_dispatcher() as conn:
+        with translated(), self._db.as_dispatcher() as conn:
             full = conn.execute(
                 "SELECT id, owner, kind, key_id, wrapped_key, nonce, ciphertext"
                 " FROM agents.credentials WHERE id = %s",
@@ -219,7 +219,7 @@ class CredentialStore:
         """
         keyring = self._require_keyring()
         newest = keyring.newest.id
-        with _translated(), self._db.as_dispatcher() as conn:
+        with translated(), self._db.as_dispatcher() as conn:
             rows = conn.execute(
                 "SELECT id, owner, kind, key_id, wrapped_key FROM agents.credentials"
                 " WHERE key_id <> %s ORDER BY id FOR UPDATE",
@@ -249,16 +249,8 @@ class CredentialStore:
     @contextmanager
     def _as_owner(self, who: Acting) -> Iterator[psycopg.Connection[Row]]:
         owner, member = acting_as(who)
-        with _translated(), self._db.as_owner(owner, member_id=member) as conn:
+        with translated(), self._db.as_owner(owner, member_id=member) as conn:
             yield conn
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise translate_db_error(exc) from None
 
 
 def _owned(conn: psycopg.Connection[Row], credential_id: UUID, columns: str) -> Row:

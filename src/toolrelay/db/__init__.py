@@ -1,7 +1,7 @@
 """Database access: connections (local or embedded), migrations, identity per transaction."""
 
 from toolrelay.db.connect import Database, resolve_database_url
-from toolrelay.db.errors import translate_db_error
+from toolrelay.db.errors import translate_db_error, translated
 from toolrelay.db.migrate import applied_migrations, available_migrations, migrate
 
 __all__ = [
@@ -11,4 +11,5 @@ __all__ = [
     "migrate",
     "resolve_database_url",
     "translate_db_error",
+    "translated",
 ]

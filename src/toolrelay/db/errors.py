@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 from psycopg import conninfo
@@ -119,6 +121,15 @@ def translate_db_error(exc: psycopg.Error) -> errors.ToolrelayError:
     if not state and isinstance(exc, psycopg.ProgrammingError | psycopg.DataError):  # unadaptable
         return errors.InvalidArgument(f"invalid value: {message}")
     return errors.ToolrelayError(message)
+
+
+@contextmanager
+def translated() -> Iterator[None]:
+    """Database errors raised inside, as ``translate_db_error`` says them."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate_db_error(exc) from None
 
 
 def is_connection_error(exc: BaseException) -> bool:
