@@ -32,6 +32,6 @@ class HandOff:
         return self.worker.reserve() if self.worker is not None else None
 
     def settle(self, claim: Claim | None, invocation_id: UUID | None) -> None:
-        """After making it (``invocation_id`` None: it was not made, or waits for a human)."""
+        """After making it (``invocation_id`` None: none was made)."""
         if claim is not None and self.worker is not None:
             self.worker.adopt(invocation_id)

@@ -52,6 +52,7 @@ from toolrelay.dispatch.preflight import (
 from toolrelay.dispatch.store import DispatchStore, Row, open_pool
 from toolrelay.errors import ConfigurationError, CredentialError
 from toolrelay.notify.deliver import run_in_worker as deliver_webhooks
+from toolrelay.registry.service import Claim
 
 log = logging.getLogger("toolrelay.worker")
 
@@ -274,7 +275,7 @@ class Worker:
 
     # --- calls handed over by this process (migration 0036) ------------------------------
 
-    def reserve(self) -> tuple[str, float] | None:
+    def reserve(self) -> Claim | None:
         """A slot for a call this process is about to make: the claim to make it with
         (worker id, lease seconds; Registry.invoke's ``claim``), or None when this worker is
         not running or has no slot free (the call is then made unclaimed, and notifies).
@@ -285,8 +286,9 @@ class Worker:
         return self.settings.worker_id, self.settings.lease_seconds
 
     def adopt(self, invocation_id: UUID | None) -> None:
-        """After ``reserve``: send the call made with that claim (None: no call was made,
-        or it waits for approval). Its slot stays reserved until its row is read."""
+        """After ``reserve``: send the call made with that claim (None: no call was made;
+        one that waits for approval was not claimed, and its read finds nothing to start).
+        Its slot stays reserved until its row is read."""
         if invocation_id is None or self._adopting is None:
             self.reserved -= 1
             if invocation_id is not None:  # stopping: its lease runs out, another claims it
