@@ -48,6 +48,12 @@ def share_tools(rows: list[Row]) -> list[Row]:
 async def _as_dispatcher(conn: AsyncConnection[Any]) -> None:
     # Session-level: every statement on a worker connection runs as the dispatcher role.
     await conn.execute("SET ROLE service_role")
+    # psycopg prepares a statement at its fifth run on a connection, and PostgreSQL keeps
+    # one generic plan for it until the table is next analyzed. Planned while the queue was
+    # small (a new database, a worker started after a purge), that plan reads the whole
+    # table on every claim, mark and finish as it grows (docs/architecture.md). Every one
+    # of the worker's statements has an index to reach its rows by.
+    await conn.execute("SET enable_seqscan = off")
     await conn.commit()
 
 

@@ -1,0 +1,86 @@
+"""The worker's statements reach rows by index, whatever the size of the table they were
+first planned on.
+
+psycopg prepares a statement at its fifth run on a connection, and PostgreSQL then keeps one
+generic plan for it until the table is next analyzed. A worker that starts on a small queue
+table (a new database, or one just purged) had its claim, mark and finish planned as
+sequential scans, and kept them while the table grew: in the latency benchmark each finish
+took 30-500 ms at 60,000 rows, and the worker fell behind 1,000 calls/s for good.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from tests.pgtest import own_database_url, own_db  # noqa: F401 (fixtures)
+from tests.registry.helpers import agent_with_tool
+from toolrelay.dispatch.store import DispatchStore, open_pool
+from toolrelay.registry import Registry
+
+GROWN = 3000  # calls added after the plans were made
+RUNS = 14  # psycopg prepares after 5 runs; PostgreSQL weighs a generic plan after 5 more
+STATEMENTS = {  # the first line of each of the worker's statements (db/sql/dispatch.sql)
+    "claim": "-- Claim up to",
+    "mark_sent": "-- Before a write leaves",
+    "finish": "-- Record outcomes",
+}
+# A value of each parameter type these statements take: a generic plan does not depend on it.
+LITERALS = {
+    "smallint": "64", "integer": "64", "bigint": "64", "numeric": "64",
+    "double precision": "30", "text": "'plan-test'", "jsonb": "'[]'", "uuid[]": "'{}'",
+}  # fmt: skip
+
+
+def seq_scans(plan: dict[str, Any]) -> list[str]:
+    """The relations a plan (EXPLAIN's JSON) reads by sequential scan."""
+    found = [plan["Relation Name"]] if plan["Node Type"] == "Seq Scan" else []
+    for child in plan.get("Plans", ()):
+        found += seq_scans(child)
+    return found
+
+
+async def test_plans_made_on_a_small_queue_still_use_indexes_once_it_grew(
+    registry: Registry, database_url: str
+) -> None:
+    agent, tool = agent_with_tool(registry, endpoint_url="http://127.0.0.1:9/x")
+    ids = [registry.invoke(agent, tool["key"], {}) for _ in range(3)]
+    with registry.db.connect(autocommit=True) as admin:  # nothing re-plans behind the test
+        admin.execute("ALTER TABLE agents.tool_invocations SET (autovacuum_enabled = off)")
+    async with open_pool(database_url, max_size=1) as pool:  # one connection: its plans
+        store = DispatchStore(pool, "plan-test")
+        claimed = await store.claim(64, 30.0)
+        assert sorted(str(row["id"]) for row in claimed) == sorted(map(str, ids))
+        results = [
+            {"id": str(row["id"]), "attempt": row["attempt"], "status": "completed",
+             "output": {}, "http_status": 200}
+            for row in claimed
+        ]  # fmt: skip
+        for _ in range(RUNS):  # as a worker starting on an almost empty queue runs them
+            await store.claim(64, 30.0)
+            await store.mark_sent(claimed)
+            await store.finish(results, [])
+        with registry.db.as_owner(registry.owner) as conn:
+            conn.execute(
+                "SELECT fn_invoke_tool(a.id, t.id, %s || jsonb_build_object('n', g))"
+                " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g"
+                " WHERE a.name = %s AND t.key = %s",
+                (Jsonb({}), GROWN, agent, tool["key"]),
+            )
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT name, statement, generic_plans, parameter_types::text[] AS types"
+                " FROM pg_prepared_statements"
+            )
+            prepared = await cur.fetchall()
+            plans: dict[str, list[str]] = {}
+            for label, head in STATEMENTS.items():
+                [row] = [p for p in prepared if p["statement"].startswith(head)]
+                assert row["generic_plans"] > 0, f"{label}: not on a generic plan yet"
+                args = ", ".join(LITERALS[t] for t in row["types"])
+                cur = await conn.execute(f"EXPLAIN (FORMAT JSON) EXECUTE {row['name']}({args})")
+                explained = await cur.fetchone()
+                assert explained is not None
+                plans[label] = seq_scans(next(iter(explained.values()))[0]["Plan"])
+    assert {label: found for label, found in plans.items() if "tool_invocations" in found} == {}
