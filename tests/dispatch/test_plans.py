@@ -3,8 +3,8 @@ first planned on.
 
 psycopg prepares a statement at its fifth run on a connection, and PostgreSQL then keeps one
 generic plan for it until the table is next analyzed. A worker that starts on a small queue
-table (a new database, or one just purged) had its claim, mark and finish planned as
-sequential scans, and kept them while the table grew: in the latency benchmark each finish
+table (a new database, or one just purged) had its claim, mark, finish and `serve`'s
+hand-off read planned as sequential scans, and kept them while the table grew: in the latency benchmark each finish
 took 30-500 ms at 60,000 rows, and the worker fell behind 1,000 calls/s for good.
 """
 
@@ -21,10 +21,12 @@ from toolrelay.registry import Registry
 
 GROWN = 3000  # calls added after the plans were made
 RUNS = 14  # psycopg prepares after 5 runs; PostgreSQL weighs a generic plan after 5 more
-STATEMENTS = {  # the first line of each of the worker's statements (db/sql/dispatch.sql)
+STATEMENTS = {  # how each of the worker's statements starts (db/sql/dispatch.sql)
     "claim": "-- Claim up to",
     "mark_sent": "-- Before a write leaves",
     "finish": "-- Record outcomes",
+    "adopt": "WITH claimed AS (-- The calls this process made",  # serve's hand-off
+    "heartbeat": "UPDATE agents.tool_invocations\n   SET lease_expires_at",
 }
 # A value of each parameter type these statements take: a generic plan does not depend on it.
 LITERALS = {
@@ -59,6 +61,8 @@ async def test_plans_made_on_a_small_queue_still_use_indexes_once_it_grew(
         ]  # fmt: skip
         for _ in range(RUNS):  # as a worker starting on an almost empty queue runs them
             await store.claim(64, 30.0)
+            await store.adopt(ids)
+            await store.heartbeat(ids, 30.0)
             await store.mark_sent(claimed)
             await store.finish(results, [])
         with registry.db.as_owner(registry.owner) as conn:
