@@ -73,6 +73,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             return
         worker = Worker(context.db.url, settings.worker, settings.keyring, settings.egress)
         worker.on_outcomes = context.outcomes.hand  # the hand-off: same process, same loop
+        context.outcomes.holding = worker.holds  # its NOTIFY may come before the hand-off
         running[:] = [worker]
         context.handoff.worker = worker  # calls made here go to it directly
         task = asyncio.create_task(worker.run(), name="toolrelay-worker")
@@ -81,6 +82,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             yield
         finally:
             context.handoff.worker = None
+            context.outcomes.holding = lambda key: False
             worker.stop()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(task), WORKER_STOP_TIMEOUT)

@@ -37,6 +37,9 @@ DEFAULT_FALLBACK_POLL: Final = 1.0  # seconds between reads while nobody listens
 RECONNECT_MIN: Final = 0.2  # seconds; doubled after each failed connection, up to the max
 RECONNECT_MAX: Final = 5.0
 RECENT_IDS: Final = 50_000  # ids told lately, kept for waiters that skip their first read
+# While the in-process worker holds a call, its taking waiter looks this often whether it
+# still does (a call it gives up without a hand-off, e.g. a lost lease, is then read).
+HOLD_CHECK: Final = 0.05  # seconds
 
 Row = dict[str, Any]
 log = logging.getLogger("toolrelay.outcomes")
@@ -73,6 +76,9 @@ class Outcomes:
         self._handed: dict[str, Row] = {}  # outcomes handed over, for waiters taking them
         self._taking: dict[str, int] = {}  # ids waited on by ``take_handed`` waiters
         self._task: asyncio.Task[None] | None = None
+        # Set by `serve`: whether its worker still holds this call (and so will hand its
+        # outcome over). Its NOTIFY can wake the waiter before the hand-off does.
+        self.holding: Callable[[str], bool] = lambda key: False
 
     async def wait_for(
         self,
@@ -99,7 +105,8 @@ class Outcomes:
                 handed = self._handed.pop(key, None) if take_handed else None
                 if handed is not None and settled(handed):
                     return handed
-                if not skip:
+                held = take_handed and self.holding(key) and deadline > time.monotonic()
+                if not skip and not held:  # held: the hand-off is still to come, unread
                     event.clear()  # before the read: an outcome landing during it wakes us
                     row = await read()
                     remaining = deadline - time.monotonic()
@@ -108,6 +115,9 @@ class Outcomes:
                 skip = False
                 remaining = deadline - time.monotonic()
                 timeout = remaining if self.listening else min(self.fallback_poll, remaining)
+                if held:  # cleared with no await since the look at _handed: no hand is lost
+                    event.clear()
+                    timeout = min(timeout, HOLD_CHECK)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout)
 

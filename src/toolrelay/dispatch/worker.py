@@ -275,6 +275,10 @@ class Worker:
 
     # --- calls handed over by this process (migration 0036) ------------------------------
 
+    def holds(self, invocation_id: str) -> bool:
+        """Whether this worker has the call in flight (its outcome not recorded yet)."""
+        return UUID(invocation_id) in self.inflight
+
     def reserve(self) -> Claim | None:
         """A slot for a call this process is about to make: the claim to make it with
         (worker id, lease seconds; Registry.invoke's ``claim``), or None when this worker is
