@@ -70,29 +70,31 @@ async def test_an_outcome_without_a_row_is_read() -> None:
     assert reads.count == 2
 
 
-async def registered(outcomes: Outcomes, ident: uuid.UUID, waiting: asyncio.Task[Row]) -> None:
-    """Until the waiter waits (or already returned: then the test's asserts tell why)."""
-    for _ in range(1000):
-        if outcomes.waiting(ident) or waiting.done():
-            return
-        await asyncio.sleep(0)
-
-
-async def test_a_notification_before_the_hand_off_does_not_make_the_caller_read() -> None:
-    """The worker's finish commits, and its NOTIFY can reach the listener before the worker
-    hands the row over: while the worker still holds the call, the caller waits for it."""
+async def held_waiter() -> tuple[Outcomes, str, set[str], Reads, asyncio.Task[Row]]:
+    """A caller waiting on its own call, which the in-process worker holds; it has started
+    waiting (or already returned: then the test's asserts tell why)."""
     outcomes = Outcomes(None)
     ident = uuid.uuid4()
     held = {str(ident)}
     outcomes.holding = held.__contains__
     reads = Reads({"id": str(ident), "status": "completed"})
     waiting = asyncio.create_task(outcomes.wait_for(ident, reads, finished, 30.0, take_handed=True))
-    await registered(outcomes, ident, waiting)
-    outcomes.wake([str(ident)])  # the NOTIFY, first
+    for _ in range(1000):
+        if outcomes.waiting(ident) or waiting.done():
+            break
+        await asyncio.sleep(0)
+    return outcomes, str(ident), held, reads, waiting
+
+
+async def test_a_notification_before_the_hand_off_does_not_make_the_caller_read() -> None:
+    """The worker's finish commits, and its NOTIFY can reach the listener before the worker
+    hands the row over: while the worker still holds the call, the caller waits for it."""
+    outcomes, key, _, reads, waiting = await held_waiter()
+    outcomes.wake([key])  # the NOTIFY, first
     for _ in range(5):
         await asyncio.sleep(0)
-    handed = {"id": str(ident), "status": "completed", "output": {"ok": True}}
-    outcomes.hand({str(ident): handed})
+    handed = {"id": key, "status": "completed", "output": {"ok": True}}
+    outcomes.hand({key: handed})
     assert await asyncio.wait_for(waiting, 5.0) is handed
     assert reads.count == 0
 
@@ -100,13 +102,7 @@ async def test_a_notification_before_the_hand_off_does_not_make_the_caller_read(
 async def test_a_call_the_worker_gives_up_without_a_hand_off_is_read() -> None:
     """Held, then let go with nothing handed (its lease was lost, say): the caller reads it
     within HOLD_CHECK, woken or not."""
-    outcomes = Outcomes(None)
-    ident = uuid.uuid4()
-    held = {str(ident)}
-    outcomes.holding = held.__contains__
-    reads = Reads({"id": str(ident), "status": "completed"})
-    waiting = asyncio.create_task(outcomes.wait_for(ident, reads, finished, 30.0, take_handed=True))
-    await registered(outcomes, ident, waiting)
+    _, _, held, reads, waiting = await held_waiter()
     for _ in range(5):
         await asyncio.sleep(0)
     assert reads.count == 0  # held: not read yet
