@@ -109,3 +109,14 @@ async def test_a_call_the_worker_gives_up_without_a_hand_off_is_read() -> None:
     held.clear()
     assert await asyncio.wait_for(waiting, 5.0) is reads.row
     assert reads.count == 1
+
+
+async def test_a_hand_off_without_a_row_is_read_at_once_while_still_held() -> None:
+    """The worker hands None (a read must tell, e.g. the call went back to approval) before
+    it lets the call go: the caller reads then, not at its next HOLD_CHECK."""
+    outcomes, key, _, reads, waiting = await held_waiter()
+    outcomes.hand({key: None})
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert waiting.done()
+    assert reads.count == 1

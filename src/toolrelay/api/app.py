@@ -29,6 +29,7 @@ from toolrelay.api.limits import BodySizeLimit
 from toolrelay.api.member_routes import router as member_router
 from toolrelay.api.policy_routes import router as policy_router
 from toolrelay.api.webhook_routes import router as webhook_router
+from toolrelay.dispatch.outcomes import nothing_held
 from toolrelay.dispatch.worker import Worker
 from toolrelay.mcp.http import mount_mcp
 
@@ -82,7 +83,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             yield
         finally:
             context.handoff.worker = None
-            context.outcomes.holding = lambda key: False
+            context.outcomes.holding = nothing_held
             worker.stop()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(task), WORKER_STOP_TIMEOUT)

@@ -29,7 +29,7 @@ import psycopg
 
 from toolrelay.errors import ConfigurationError
 
-__all__ = ["DONE_CHANNEL", "FALLBACK_POLL_ENV", "Outcomes"]
+__all__ = ["DONE_CHANNEL", "FALLBACK_POLL_ENV", "Outcomes", "nothing_held"]
 
 DONE_CHANNEL: Final = "toolrelay_done"
 FALLBACK_POLL_ENV: Final = "TOOLRELAY_WAIT_POLL_SECONDS"
@@ -59,6 +59,11 @@ def fallback_poll_from_env(environ: Mapping[str, str] | None = None) -> float:
     return value
 
 
+def nothing_held(key: str) -> bool:
+    """``Outcomes.holding`` with no worker in the process."""
+    return False
+
+
 class Outcomes:
     """Invocation ids mapped to the events of the coroutines waiting on them.
 
@@ -73,12 +78,13 @@ class Outcomes:
         self.epoch = 0  # one more at every (re)connection of the listener
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._recent: dict[str, None] = {}  # insertion-ordered: the oldest goes first
-        self._handed: dict[str, Row] = {}  # outcomes handed over, for waiters taking them
+        # Outcomes handed over, for waiters taking them (None: handed, but a read must tell).
+        self._handed: dict[str, Row | None] = {}
         self._taking: dict[str, int] = {}  # ids waited on by ``take_handed`` waiters
         self._task: asyncio.Task[None] | None = None
         # Set by `serve`: whether its worker still holds this call (and so will hand its
         # outcome over). Its NOTIFY can wake the waiter before the hand-off does.
-        self.holding: Callable[[str], bool] = lambda key: False
+        self.holding: Callable[[str], bool] = nothing_held
 
     async def wait_for(
         self,
@@ -102,10 +108,13 @@ class Outcomes:
         with self._watch(key) as event, self._take(key, take_handed):
             skip = self.listening and self.epoch == unread_since and key not in self._recent
             while True:
-                handed = self._handed.pop(key, None) if take_handed else None
-                if handed is not None and settled(handed):
-                    return handed
-                held = take_handed and self.holding(key) and deadline > time.monotonic()
+                if take_handed and key in self._handed:  # the worker is done with it
+                    handed = self._handed.pop(key)
+                    if handed is not None and settled(handed):
+                        return handed
+                    held = False
+                else:
+                    held = take_handed and self.holding(key) and deadline > time.monotonic()
                 if not skip and not held:  # held: the hand-off is still to come, unread
                     event.clear()  # before the read: an outcome landing during it wakes us
                     row = await read()
@@ -139,7 +148,7 @@ class Outcomes:
         """The in-process worker's outcomes as written (None: a read must tell): kept for
         waiters that take them, and everyone waiting on these ids woken."""
         for key, row in outcomes.items():
-            if row is not None and key in self._taking:
+            if key in self._taking:
                 self._handed[key] = row
         self.wake(outcomes)
 
