@@ -64,6 +64,13 @@ END
 $$
 """
 
+# The kept configuration fingerprints (migration 0038) against the formula, after every run:
+# a later migration that adds a column to agents.tools_registry (which the formula covers)
+# changes every tool's fingerprint, and so fails the calls made before it (tool_changed),
+# as when the fingerprint was computed at every claim. Writes nothing when they agree.
+FINGERPRINTS_VERSION = "0038"
+REFRESH_FINGERPRINTS = "SELECT agents.refresh_tool_fingerprints()"
+
 
 def available_migrations() -> list[Migration]:
     files = resources.files(MIGRATIONS_PACKAGE)
@@ -103,6 +110,8 @@ def migrate(url: str, target: str | None = None) -> list[str]:
                 applied_now.append(migration.version)
             with conn.transaction():
                 conn.execute(CLOSE_TO_ANON)
+                if FINGERPRINTS_VERSION in done or FINGERPRINTS_VERSION in applied_now:
+                    conn.execute(REFRESH_FINGERPRINTS)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return applied_now

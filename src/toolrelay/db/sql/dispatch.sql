@@ -28,7 +28,8 @@ WITH picked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.tool_id) AS tool_nth FROM claimed c
 ), tools AS MATERIALIZED (
     SELECT t.id AS tid,
-           agents.tool_fingerprint(t) AS current_fingerprint,
+           -- kept with the tool (migration 0038), the formula for a tool without its row
+           coalesce(f.fingerprint, agents.tool_fingerprint(t)) AS current_fingerprint,
            -- gating is decided again at every claim (SPEC §3), retries included
            agents.tool_is_gated(t) AS gated_now, t.approval_ttl_seconds,
            t.key AS tool_key, t.status AS tool_status, t.endpoint_url, t.http_method,
@@ -42,6 +43,7 @@ WITH picked AS (
            k.key_id AS cred_key_id, k.wrapped_key AS cred_wrapped_key, k.nonce AS cred_nonce,
            k.ciphertext AS cred_ciphertext, k.expires_at AS cred_expires_at
       FROM agents.tools_registry t
+      LEFT JOIN agents.tool_fingerprints f ON f.tool_id = t.id
       LEFT JOIN agents.credentials k ON k.id = t.credential_ref
      WHERE t.id IN (SELECT tool_id FROM claimed)
 )
