@@ -121,6 +121,34 @@ def test_a_failed_trip_rolls_back_and_the_connection_is_reused(database_url: str
         db.close()
 
 
+def test_a_trips_identity_ends_with_it(database_url: str) -> None:
+    """The identity is set for the trip's transaction alone (SET LOCAL): the pooled
+    connection is its login role again after a trip, and after a failed one."""
+    db = Database(database_url, pool_size=1)
+    try:
+        identity = owner_identity(uuid.uuid4(), uuid.uuid4())
+        during = "SELECT current_user AS who, current_setting('request.jwt.claims') AS claims"
+        with db.trips() as trips:
+            [[row]] = trips.run(identity, [(during, {})])
+        assert (row["who"], row["claims"]) == (identity[0], identity[2])
+        with db.trips() as trips, pytest.raises(psycopg.errors.DivisionByZero):
+            trips.run(identity, [("SELECT 1 / %(zero)s", {"zero": 0})])
+        pool = db._get_pool()
+        conn = pool.getconn()
+        try:
+            after = conn.execute(
+                "SELECT current_user = session_user AS plain,"
+                " current_setting('request.jwt.claims', true) AS claims,"
+                " current_setting('request.jwt.claim.sub', true) AS sub"
+            ).fetchone()
+            conn.rollback()
+        finally:
+            pool.putconn(conn)
+        assert after == {"plain": True, "claims": "", "sub": ""}
+    finally:
+        db.close()
+
+
 def test_refusals_name_what_was_not_found(registry: Registry) -> None:
     agent, tool = agent_with_tool(registry)
     with pytest.raises(errors.NotFound, match="^agent nobody not found$"):
