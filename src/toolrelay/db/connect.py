@@ -35,8 +35,7 @@ _SET_IDENTITY = (
 # parse, plan and run, so a third of the cost (~35 k instructions in PostgreSQL instead of
 # ~100 k, bench/instructions.py); SET takes no server-side parameter, hence the other form.
 _SET_IDENTITY_LOCAL = (
-    "SET LOCAL role = %s; SET LOCAL request.jwt.claim.sub = %s;"
-    " SET LOCAL request.jwt.claims = %s"
+    "SET LOCAL role = %s; SET LOCAL request.jwt.claim.sub = %s; SET LOCAL request.jwt.claims = %s"
 )
 
 
