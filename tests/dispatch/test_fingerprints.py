@@ -63,12 +63,13 @@ def test_every_write_of_a_tool_renews_its_kept_fingerprint(
 def test_nobody_but_the_dispatcher_reads_the_kept_fingerprints(
     registry: Registry, db: Database
 ) -> None:
-    agent, _ = agent_with_tool(registry)
+    agent, tool = agent_with_tool(registry)
     agent_id = registry.get_agent(agent)["id"]
     for who in ({}, {"agent_id": agent_id}):
         denied = pytest.raises(psycopg.errors.InsufficientPrivilege)
         with denied, db.as_owner(registry.owner, **who) as conn:
             conn.execute("SELECT * FROM agents.tool_fingerprints").fetchall()
+    assert fingerprints(db, tool["id"])["kept"]
     # The dispatcher reads them; it never writes them.
     with pytest.raises(psycopg.errors.InsufficientPrivilege), db.as_dispatcher() as conn:
         conn.execute("DELETE FROM agents.tool_fingerprints")

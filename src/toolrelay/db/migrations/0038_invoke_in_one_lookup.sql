@@ -31,32 +31,35 @@ ALTER TABLE agents.tool_fingerprints ENABLE ROW LEVEL SECURITY;  -- and no polic
 REVOKE ALL ON agents.tool_fingerprints FROM PUBLIC;
 GRANT SELECT ON agents.tool_fingerprints TO service_role;  -- the claim (it bypasses RLS)
 
--- The kept values made to agree with the formula; the number of tools whose value changed.
-CREATE FUNCTION agents.refresh_tool_fingerprints() RETURNS integer
+-- One tool's kept value made to agree with the formula; whether it changed.
+CREATE FUNCTION agents.keep_tool_fingerprint(p_tool agents.tools_registry) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog
 AS $$
-DECLARE
-    v_changed integer;
 BEGIN
     INSERT INTO agents.tool_fingerprints AS f (tool_id, fingerprint)
-    SELECT t.id, agents.tool_fingerprint(t) FROM agents.tools_registry t ORDER BY t.id
+    VALUES (p_tool.id, agents.tool_fingerprint(p_tool))
     ON CONFLICT (tool_id) DO UPDATE SET fingerprint = EXCLUDED.fingerprint
      WHERE f.fingerprint IS DISTINCT FROM EXCLUDED.fingerprint;
-    GET DIAGNOSTICS v_changed = ROW_COUNT;
-    RETURN v_changed;
+    RETURN FOUND;
 END
 $$;
-REVOKE EXECUTE ON FUNCTION agents.refresh_tool_fingerprints() FROM PUBLIC;
+
+-- Every tool's (db/migrate.py, after every run); how many changed.
+CREATE FUNCTION agents.refresh_tool_fingerprints() RETURNS integer
+LANGUAGE sql SET search_path = pg_catalog
+AS $$
+    SELECT count(*) FILTER (WHERE agents.keep_tool_fingerprint(t))::integer
+      FROM agents.tools_registry t
+$$;
+REVOKE EXECUTE ON FUNCTION agents.keep_tool_fingerprint(agents.tools_registry),
+    agents.refresh_tool_fingerprints() FROM PUBLIC;
 SELECT agents.refresh_tool_fingerprints();
 
 CREATE FUNCTION agents.tg_tools_registry_fingerprint() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog
 AS $$
 BEGIN
-    INSERT INTO agents.tool_fingerprints AS f (tool_id, fingerprint)
-    VALUES (NEW.id, agents.tool_fingerprint(NEW))
-    ON CONFLICT (tool_id) DO UPDATE SET fingerprint = EXCLUDED.fingerprint
-     WHERE f.fingerprint IS DISTINCT FROM EXCLUDED.fingerprint;
+    PERFORM agents.keep_tool_fingerprint(NEW);
     RETURN NULL;
 END
 $$;
