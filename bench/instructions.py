@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.constants import AGENT_NAME, REPO_DIR, TOOL_KEY
+from bench.setup import embedded_server
 from bench.tables import md_table, print_table
 
 WARM = 20  # calls before the counted ones: compiles the functions, fills the caches
@@ -113,7 +114,6 @@ def main(baseline: Path | None, calls: int) -> dict[str, Any]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgserver
         from pgserver._commands import POSTGRES_BIN_PATH
 
     sources = {"current": REPO_DIR / "src"} | ({"baseline": baseline} if baseline else {})
@@ -122,7 +122,7 @@ def main(baseline: Path | None, calls: int) -> dict[str, Any]:
         work = scratch / "work"
         work.mkdir(mode=0o777)
         work.chmod(0o777)  # the backend's user writes its counts here
-        server = pgserver.get_server(scratch / "pgdata", cleanup_mode="stop")  # type: ignore[attr-defined]
+        admin_url, _, stop = embedded_server(scratch)
         captured: dict[str, dict[str, Any]] = {}
         try:
             for name, src in sources.items():
@@ -130,12 +130,12 @@ def main(baseline: Path | None, calls: int) -> dict[str, Any]:
                 env = os.environ | {"PYTHONPATH": f"{src}{os.pathsep}{REPO_DIR}"}
                 subprocess.run(
                     [sys.executable, "-m", "bench.instructions", "--capture",
-                     str(server.get_uri()), name, str(out)],
+                     admin_url, name, str(out)],
                     env=env, check=True, cwd=REPO_DIR,
                 )  # fmt: skip
                 captured[name] = json.loads(out.read_text())
         finally:
-            server.cleanup()  # single-user mode needs the data directory to itself
+            stop()  # single-user mode needs the data directory to itself
         per_call: dict[str, dict[str, int]] = {}
         for name, got in captured.items():
             per_call[name] = {}

@@ -71,6 +71,12 @@ def server_admin_url(scratch: Path) -> tuple[str, str, Callable[[], None]]:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
         return url, "DATABASE_URL", lambda: None
+    return embedded_server(scratch)
+
+
+def embedded_server(scratch: Path) -> tuple[str, str, Callable[[], None]]:
+    """An embedded server with its data under ``scratch``/pgdata: (admin URL, where it came
+    from, how to stop it, postmaster and all, before scratch goes)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import pgserver
