@@ -23,7 +23,7 @@ import jwt
 import psycopg
 
 from toolrelay.db import Database, translate_db_error
-from toolrelay.db.connect import DISPATCHER, Row
+from toolrelay.db.connect import DISPATCHER, Query, Row
 from toolrelay.errors import ConfigurationError, NotFound, ToolrelayError
 
 __all__ = [
@@ -179,24 +179,39 @@ class TokenStore:
 
     def lookup(self, token: str) -> Caller | None:
         """The caller a live token stands for; None when unknown, revoked or expired."""
-        query = (_AUTHENTICATE, {"hash": hash_token(token)})
         try:
             with self._db.trips() as trips:  # one round trip, on every request
-                [rows] = trips.run(DISPATCHER, [query])
+                [rows] = trips.run(DISPATCHER, [_lookup(token)])
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
-        if not rows:
-            return None
-        row = rows[0]
-        return Caller(
-            owner=row["owner"],
-            agent_id=row["agent_id"],
-            token_id=row["token_id"],
-            member_id=row["member_id"],
-        )
+        return _caller(rows)
+
+    async def lookup_async(self, token: str) -> Caller | None:
+        """``lookup`` from the event loop: the doors' check, without a worker thread."""
+        try:
+            [rows] = await self._db.trip(DISPATCHER, [_lookup(token)])
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+        return _caller(rows)
 
     def _as_owner(self, who: Acting) -> AbstractContextManager[psycopg.Connection[Row]]:
         return as_acting(self._db, who)
+
+
+def _lookup(token: str) -> Query:
+    return _AUTHENTICATE, {"hash": hash_token(token)}
+
+
+def _caller(rows: builtins.list[Row]) -> Caller | None:
+    if not rows:
+        return None
+    row = rows[0]
+    return Caller(
+        owner=row["owner"],
+        agent_id=row["agent_id"],
+        token_id=row["token_id"],
+        member_id=row["member_id"],
+    )
 
 
 def insert_token(
@@ -239,10 +254,17 @@ class Authenticator:
     def authenticate(self, token: str) -> Caller:
         token = token.strip()
         if token.startswith(TOKEN_PREFIX):
-            caller = self.tokens.lookup(token)
-            if caller is None:
-                raise Unauthenticated("the token is unknown, revoked or expired")
-            return caller
+            return _known(self.tokens.lookup(token))
+        return self._not_ours(token)
+
+    async def authenticate_async(self, token: str) -> Caller:
+        """``authenticate`` from the event loop (the HTTP doors)."""
+        token = token.strip()
+        if token.startswith(TOKEN_PREFIX):
+            return _known(await self.tokens.lookup_async(token))
+        return self._not_ours(token)
+
+    def _not_ours(self, token: str) -> Caller:
         if token.count(".") == 2:
             return self._from_jwt(token)
         raise Unauthenticated(f"not a toolrelay token ({TOKEN_PREFIX}…) or a JWT")
@@ -266,6 +288,12 @@ class Authenticator:
         if JWT_ROLE not in (audience if isinstance(audience, list) else [audience]):
             raise Unauthenticated(f"a JWT's audience must be {JWT_ROLE!r}")
         return Caller(owner=_claim_uuid(claims, "sub"), agent_id=_optional_uuid(claims))
+
+
+def _known(caller: Caller | None) -> Caller:
+    if caller is None:
+        raise Unauthenticated("the token is unknown, revoked or expired")
+    return caller
 
 
 def _claim_uuid(claims: dict[str, Any], name: str) -> UUID:

@@ -58,6 +58,11 @@ on pending invocations; agents list their tools and invoke them. Authenticate wi
 """
 
 
+async def _close(context: ApiContext) -> None:
+    await context.outcomes.close()
+    await context.db.aclose()  # the pool of the loop ending (db/aio.py)
+
+
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
     settings = settings or ApiSettings()
     context = ApiContext.build(settings)
@@ -70,7 +75,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
             try:
                 yield
             finally:
-                await context.outcomes.close()
+                await _close(context)
             return
         worker = Worker(context.db.url, settings.worker, settings.keyring, settings.egress)
         worker.on_outcomes = context.outcomes.hand  # the hand-off: same process, same loop
@@ -89,7 +94,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
                 await asyncio.wait_for(asyncio.shield(task), WORKER_STOP_TIMEOUT)
             if not task.done():
                 task.cancel()
-            await context.outcomes.close()
+            await _close(context)
 
     app = FastAPI(
         title="toolrelay",

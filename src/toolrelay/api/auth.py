@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -20,16 +23,36 @@ bearer = HTTPBearer(
 
 def authenticate(request: Request, context: ApiContext, token: str | None) -> Caller:
     """The caller behind ``token``; failures are rate-limited per client address."""
-    client = request.client.host if request.client else "unknown"
-    try:
-        if not token:
-            raise Unauthenticated("no bearer token: send 'Authorization: Bearer <token>'")
-        caller = context.authenticator.authenticate(token)
-    except Unauthenticated:
-        limit(context, f"ip:{client}")
-        raise
+    with failures_limited(request, context):
+        caller = context.authenticator.authenticate(presented(token))
     limit(context, caller.rate_key)
     return caller
+
+
+async def authenticate_async(request: Request, context: ApiContext, token: str | None) -> Caller:
+    """``authenticate`` in the event loop: the token's one round trip needs no worker
+    thread (db/aio.py), a hand-off that cost more than the query."""
+    with failures_limited(request, context):
+        caller = await context.authenticator.authenticate_async(presented(token))
+    limit(context, caller.rate_key)
+    return caller
+
+
+def presented(token: str | None) -> str:
+    if not token:
+        raise Unauthenticated("no bearer token: send 'Authorization: Bearer <token>'")
+    return token
+
+
+@contextmanager
+def failures_limited(request: Request, context: ApiContext) -> Iterator[None]:
+    """A failed attempt (Unauthenticated) spends a rate token of the client's address."""
+    try:
+        yield
+    except Unauthenticated:
+        client = request.client.host if request.client else "unknown"
+        limit(context, f"ip:{client}")
+        raise
 
 
 def limit(context: ApiContext, key: str) -> None:
@@ -39,12 +62,13 @@ def limit(context: ApiContext, key: str) -> None:
         raise RateLimited(f"too many requests; retry in {retry_after_seconds(wait)} s", wait)
 
 
-def any_caller(
+async def any_caller(
     request: Request,
     credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
     context: ApiContext = Depends(request_context),
 ) -> Caller:
-    return authenticate(request, context, credentials.credentials if credentials else None)
+    token = credentials.credentials if credentials else None
+    return await authenticate_async(request, context, token)
 
 
 # async: a check without I/O runs in the event loop (a plain def dependency gets a thread)

@@ -8,7 +8,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
@@ -19,6 +19,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from toolrelay import config
 from toolrelay.db.embedded import embedded_url
 from toolrelay.db.errors import check_url
+
+if TYPE_CHECKING:
+    from toolrelay.db.aio import AsyncTrips
 
 Row = dict[str, Any]
 Query = tuple[str, Mapping[str, Any]]  # SQL and its named parameters
@@ -73,6 +76,22 @@ class Database:
         self._timeout = timeout  # seconds to wait for a connection before giving up
         self._pool: ConnectionPool[psycopg.Connection[Row]] | None = None
         self._lock = threading.Lock()
+        self._async: AsyncTrips | None = None
+
+    async def trip(
+        self, identity: Identity, queries: Sequence[Query], *, retry: bool = True
+    ) -> list[list[Row]]:
+        """``Trips.run`` from the event loop, on a pool of the running loop (db/aio.py)."""
+        if self._async is None:
+            from toolrelay.db.aio import AsyncTrips  # it imports this module
+
+            self._async = AsyncTrips(self.url, self._pool_size, self._timeout, POOL_MAX_IDLE)
+        return await self._async.run(identity, queries, retry=retry)
+
+    async def aclose(self) -> None:
+        """Close the running event loop's pool of ``trip``, if it has one."""
+        if self._async is not None:
+            await self._async.close()
 
     def connect(self, autocommit: bool = False) -> psycopg.Connection[Row]:
         """A new connection of its own (not pooled), for callers that manage it."""
@@ -251,7 +270,7 @@ class Trips:
     def _checkout(self) -> psycopg.Connection[Row]:
         while self._conn is None:
             self._pool, self._conn = self._db._getconn()
-            if not self._proven and not _quiet(self._conn):
+            if not self._proven and not quiet(self._conn):
                 self._conn.close()  # closed by the server (it said so, or hung up): another
                 self.release()
                 continue
@@ -269,7 +288,7 @@ class Trips:
         pool.putconn(conn)
 
 
-def _quiet(conn: psycopg.Connection[Row]) -> bool:
+def quiet(conn: psycopg.Connection[Row] | psycopg.AsyncConnection[Row]) -> bool:
     """Whether an idle connection has nothing to read: an idle server sends nothing (pooled
     connections do not LISTEN) unless it is closing the connection."""
     try:
@@ -279,14 +298,23 @@ def _quiet(conn: psycopg.Connection[Row]) -> bool:
     return not readable
 
 
+def trip_string(
+    cur: psycopg.ClientCursor[Row] | psycopg.AsyncClientCursor[Row],
+    identity: Identity,
+    queries: Sequence[Query],
+) -> str:
+    """BEGIN, the identity, the statements and COMMIT as one string, bound client-side."""
+    parts = [cur.mogrify(_SET_IDENTITY_LOCAL, identity)]
+    parts += [cur.mogrify(sql, params) for sql, params in queries]
+    return "BEGIN; " + "; ".join(parts) + "; COMMIT"
+
+
 def _one_trip(
     conn: psycopg.Connection[Row], identity: Identity, queries: Sequence[Query]
 ) -> list[list[Row]]:
     cur = psycopg.ClientCursor(conn, row_factory=dict_row)
-    parts = [cur.mogrify(_SET_IDENTITY_LOCAL, identity)]
-    parts += [cur.mogrify(sql, params) for sql, params in queries]
     try:
-        cur.execute("BEGIN; " + "; ".join(parts) + "; COMMIT")
+        cur.execute(trip_string(cur, identity, queries))
     except psycopg.Error:
         if conn.info.transaction_status == TransactionStatus.INERROR:
             conn.execute("ROLLBACK")

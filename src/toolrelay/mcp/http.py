@@ -32,7 +32,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from yarl import URL
 
-from toolrelay.api.auth import limit
+from toolrelay.api.auth import failures_limited, limit, presented
 from toolrelay.api.errors import RateLimited, error_response, toolrelay_error_response
 from toolrelay.api.limits import retry_after_seconds
 from toolrelay.errors import ConfigurationError, PermissionDenied, ToolrelayError
@@ -142,7 +142,7 @@ class McpEndpoint:
             if self.oauth is not None and token is not None and self.oauth.handles(token):
                 caller = await self._oauth_caller(request, self.oauth, token)
             else:  # toolrelay's own tokens: as before, nothing more on their path
-                caller = agent_only(await run_in_threadpool(self._authenticate, request))
+                caller = agent_only(await self._authenticate(request))
             if scope.get("method") == "POST":
                 body, receive = await _buffered(receive)
                 if _is_tool_call(body):
@@ -169,19 +169,12 @@ class McpEndpoint:
         scope["auth"] = AuthCredentials([])
         await self.manager.handle_request(scope, receive, send)
 
-    def _authenticate(self, request: Request) -> Caller:
+    async def _authenticate(self, request: Request) -> Caller:
         """As /v1 does, but a valid token spends no rate token here: only tool calls do
         (``_limit``), not initialize, tools/list, notifications or the SSE stream. Failed
         attempts are still limited per client address."""
-        client = request.client.host if request.client else "unknown"
-        token = _bearer(request)
-        try:
-            if not token:
-                raise Unauthenticated("no bearer token: send 'Authorization: Bearer <token>'")
-            return self.context.authenticator.authenticate(token)
-        except Unauthenticated:
-            limit(self.context, f"ip:{client}")
-            raise
+        with failures_limited(request, self.context):
+            return await self.context.authenticator.authenticate_async(presented(_bearer(request)))
 
     async def _oauth_caller(self, request: Request, oauth: ResourceServer, token: str) -> Caller:
         """The agent bound to the identity a validated access token names. A token that does
