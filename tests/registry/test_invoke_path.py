@@ -3,6 +3,7 @@ lookup), every refusal as clear as before, and a failed trip leaving nothing beh
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import uuid
 from pathlib import Path
@@ -316,3 +317,60 @@ def test_the_insert_against_a_read_version_answers_only_for_the_callers_own(
     assert seen(as_agent.identity, unassigned) is None
     assert seen(as_agent.identity, mine) is not None  # the version right, the call its own
     assert len(alice.list_invocations()) == 1 and not bob.list_invocations()
+
+
+def test_call_from_the_event_loop_keeps_every_rule_of_call(registry: Registry) -> None:
+    """Registry.call_async (MCP's door, db/aio.py) runs call's own steps: cold then warm,
+    a kept schema that went stale read again, a revoked tool refused though it was kept."""
+    agent, tool = agent_with_tool(registry)
+    agent_id = registry.get_agent(agent)["id"]
+    as_agent = Registry(registry.db, registry.owner, agent_id=agent_id)
+    numbers = {"type": "object", "properties": {"text": {"type": "integer"}}}
+
+    async def go() -> None:
+        try:
+            cold = await as_agent.call_async(tool["key"], {"text": "cold"})
+            warm = await as_agent.call_async(tool["key"], {"text": "warm"})
+            assert cold.invocation_id and warm.invocation_id and cold.tool == warm.tool
+            assert cold.stamp == warm.stamp
+            registry.update_tool(tool["key"], {"schema_input": numbers})
+            with pytest.raises(errors.InvalidInput):  # valid under the kept schema only
+                await as_agent.call_async(tool["key"], {"text": "no"})
+            assert (await as_agent.call_async(tool["key"], {"text": 5})).invocation_id
+            registry.revoke(agent, tool["key"])
+            gone = await as_agent.call_async(tool["key"], {"text": 6})
+            assert gone.tool is None and gone.invocation_id is None
+            with pytest.raises(errors.InvalidInput, match="JSON object"):
+                await as_agent.call_async(tool["key"], [1])  # type: ignore[arg-type]
+        finally:
+            await registry.db.aclose()
+
+    asyncio.run(go())
+    inputs = [r["input"] for r in registry.list_invocations()]
+    assert inputs == [{"text": 5}, {"text": "warm"}, {"text": "cold"}]
+
+
+def test_invoke_from_the_event_loop_keeps_every_rule_of_invoke(registry: Registry) -> None:
+    """Registry.invoke_async (the API's agent door) runs invoke's own steps."""
+    agent, tool = agent_with_tool(registry)
+    numbers = {"type": "object", "properties": {"text": {"type": "integer"}}}
+
+    async def go() -> None:
+        try:
+            assert await registry.invoke_async(agent, tool["key"], {"text": "cold"})
+            assert await registry.invoke_async(agent, tool["key"], {"text": "warm"})
+            registry.update_tool(tool["key"], {"schema_input": numbers})
+            with pytest.raises(errors.InvalidInput):  # valid under the kept schema only
+                await registry.invoke_async(agent, tool["key"], {"text": "no"})
+            assert await registry.invoke_async(agent, tool["key"], {"text": 5})
+            with pytest.raises(errors.NotFound, match="^agent nobody not found$"):
+                await registry.invoke_async("nobody", tool["key"], {"text": 6})
+            registry.revoke(agent, tool["key"])
+            with pytest.raises(errors.ToolrelayError):  # kept, but no longer assigned
+                await registry.invoke_async(agent, tool["key"], {"text": 7})
+        finally:
+            await registry.db.aclose()
+
+    asyncio.run(go())
+    inputs = [r["input"] for r in registry.list_invocations()]
+    assert inputs == [{"text": 5}, {"text": "warm"}, {"text": "cold"}]

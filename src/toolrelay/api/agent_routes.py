@@ -80,7 +80,7 @@ async def invoke(
     claim = context.handoff.reserve()  # a slot of the in-process worker, if there is one
     invocation_id = None
     try:
-        invocation_id = await run_in_threadpool(_invoke, registry, _me(caller), body, claim)
+        invocation_id = await _invoke(registry, _me(caller), body, claim)
     finally:  # a call waiting for approval was not claimed: the worker finds that
         context.handoff.settle(claim, invocation_id)
     response.headers["Location"] = f"/v1/agent/invocations/{invocation_id}"
@@ -93,9 +93,14 @@ async def invoke(
     return s.InvocationOut.model_validate(row)
 
 
-def _invoke(registry: Registry, me: str, body: s.InvokeIn, claim: Claim | None) -> UUID:
-    tool = _tool_key(registry, me, body.tool)
-    return registry.invoke(me, tool, body.input, body.run_id, reason=body.reason, claim=claim)
+async def _invoke(registry: Registry, me: str, body: s.InvokeIn, claim: Claim | None) -> UUID:
+    """In the event loop (db/aio.py): a hand-off to a thread cost more than the trip."""
+    tool = body.tool
+    if may_be_exported(tool):  # the lookup of the agent's tools runs in a thread
+        tool = await run_in_threadpool(_tool_key, registry, me, tool)
+    return await registry.invoke_async(
+        me, tool, body.input, body.run_id, reason=body.reason, claim=claim
+    )
 
 
 @router.get(

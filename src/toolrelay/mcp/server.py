@@ -493,12 +493,13 @@ class _Handlers:
         claim = self.handoff.reserve()  # a slot of the in-process worker, if there is one
         called = None
         try:
-            called = await _run(registry.call, params.name, arguments, _reason(params), claim)
+            # In the event loop (db/aio.py): a hand-off to a thread cost more than the trip.
+            called = await registry.call_async(params.name, arguments, _reason(params), claim)
             if called.tool is None and may_be_exported(params.name):  # another client's name
                 rows = await _run(registry.agent_tools, agent)
                 key = key_for(params.name, (r["key"] for r in rows))
                 if key is not None and key != params.name:
-                    called = await _run(registry.call, key, arguments, _reason(params), claim)
+                    called = await registry.call_async(key, arguments, _reason(params), claim)
         except ToolrelayError as exc:  # invalid_input, the database is down, ...
             return error_result(exc.code, exc.message)
         finally:  # a call waiting for approval was not claimed: the worker finds that

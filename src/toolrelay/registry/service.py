@@ -14,11 +14,13 @@ from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
 
+import anyio.to_thread
 import psycopg
 from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import Identity, Query, Row, Trips, owner_identity
+from toolrelay.db.steps import Steps, run_steps, run_steps_async
 from toolrelay.errors import (
     Conflict,
     InvalidArgument,
@@ -378,46 +380,70 @@ class Registry:
         """Validate the input against schema_input, then record the invocation (with the
         agent's stated ``reason``, shown to whoever decides it); ``claim``: claimed for that
         worker as it is inserted, unless it waits for approval (migration 0036)."""
+        steps = self._invoke_steps(agent, tool, input, run_id, reason, claim)
+        try:
+            with self.db.trips() as trips:
+                row = run_steps(trips, steps)
+            return self._made(row)
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
+    async def invoke_async(
+        self,
+        agent: str,
+        tool: str,
+        input: Mapping[str, Any] | None = None,
+        run_id: UUID | None = None,
+        reason: str | None = None,
+        claim: Claim | None = None,
+    ) -> UUID:
+        """``invoke`` from the event loop (the API's agent door; see ``call_async``)."""
+        steps = self._invoke_steps(agent, tool, input, run_id, reason, claim)
+        try:
+            return await self._made_async(await run_steps_async(self.db, steps))
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
+    def _invoke_steps(
+        self,
+        agent: str,
+        tool: str,
+        input: Mapping[str, Any] | None,
+        run_id: UUID | None,
+        reason: str | None,
+        claim: Claim | None,
+    ) -> Steps[Row]:
+        """``invoke``'s trips, whoever runs them: the inserted row."""
         payload = _payload(input)
         reason = _reason(reason)
         assigned = self.agent_id is not None
         identity = self.identity
         key = ("invoke", self.db.url, self.owner, self.agent_id, agent, tool)
         agent_name = None if _as_uuid(agent) else agent
-        try:
-            with self.db.trips() as trips:
-                # One round trip when this process has read the tool before (registry/seen.py).
-                seen = SEEN.get(key)
-                if seen is not None:
-                    made = _insert_seen(
-                        trips, identity, seen, agent_name, payload, run_id, assigned,
-                        reason=reason, claim=claim,
-                    )  # fmt: skip
-                    if made is not None:
-                        return self._made(made[0][0])
-                    SEEN.drop(key)
-                # Else two: the lookup, then the insert.
-                [[found]] = trips.run(identity, [_invoke_lookup(agent, tool, assigned)])
-                if found["agent_id"] is None:
-                    raise NotFound(f"agent {agent} not found")
-                if found["tool_id"] is None:
-                    if assigned:
-                        raise NotAssigned(f"tool {tool} is not assigned to this agent")
-                    raise NotFound(f"tool {tool} not found")
-                checked = _checked(found["schema_input"], payload, assigned)
-                agent_id, tool_id = found["agent_id"], found["tool_id"]
-                [[row]] = trips.run(
-                    identity,
-                    [_insert_call(agent_id, tool_id, checked, run_id, reason, claim)],
-                    retry=False,
-                )
-                gated = {"gated": row["policed"] is not None}  # for the next call's insert
-                SEEN.put(
-                    key, Seen(agent_id, tool_id, found["schema_input"], found["version"], gated)
-                )
-        except psycopg.Error as exc:
-            raise translate_db_error(exc) from None
-        return self._made(row)
+        # One round trip when this process has read the tool before (registry/seen.py).
+        seen = SEEN.get(key)
+        if seen is not None:
+            made = yield from _insert_seen_steps(
+                identity, seen, agent_name, payload, run_id, assigned, reason=reason, claim=claim
+            )
+            if made is not None:
+                return made[0][0]
+            SEEN.drop(key)
+        # Else two: the lookup, then the insert.
+        [[found]] = yield identity, [_invoke_lookup(agent, tool, assigned)], True
+        if found["agent_id"] is None:
+            raise NotFound(f"agent {agent} not found")
+        if found["tool_id"] is None:
+            if assigned:
+                raise NotAssigned(f"tool {tool} is not assigned to this agent")
+            raise NotFound(f"tool {tool} not found")
+        checked = _checked(found["schema_input"], payload, assigned)
+        agent_id, tool_id = found["agent_id"], found["tool_id"]
+        insert = _insert_call(agent_id, tool_id, checked, run_id, reason, claim)
+        [[row]] = yield identity, [insert], False
+        gated = {"gated": row["policed"] is not None}  # for the next call's insert
+        SEEN.put(key, Seen(agent_id, tool_id, found["schema_input"], found["version"], gated))
+        return row
 
     def _made(self, row: Row) -> UUID:
         """The new call's id, once its tool's rules had their say on it when it waits for
@@ -426,6 +452,13 @@ class Registry:
         if row.get("policed"):
             apply_policies(self.db, invocation_id)
         return invocation_id
+
+    async def _made_async(self, row: Row) -> UUID:
+        """``_made`` from the event loop: the rules (rare: a gated call whose tool has
+        some) run in a worker thread, as they always did."""
+        if row.get("policed"):
+            return await anyio.to_thread.run_sync(self._made, row)
+        return UUID(str(row["id"]))
 
     def call(
         self,
@@ -439,6 +472,38 @@ class Registry:
         denied, disabled and unknown look the same); with the stamp of the agent's tools
         either way (mcp/changes.py). One round trip when this process has read the tool
         before (registry/seen.py), else two: the lookup, then the insert."""
+        steps = self._call_steps(key, input, reason, claim)
+        try:
+            with self.db.trips() as trips:
+                tool, row, stamp = run_steps(trips, steps)
+            return Called(tool, None if row is None else self._made(row), stamp)
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
+    async def call_async(
+        self,
+        key: str,
+        input: Mapping[str, Any] | None = None,
+        reason: str | None = None,
+        claim: Claim | None = None,
+    ) -> Called:
+        """``call`` from the event loop (the MCP door): its trips need no worker thread
+        (db/aio.py); only a gated call's rules, when its tool has some, take one."""
+        steps = self._call_steps(key, input, reason, claim)
+        try:
+            tool, row, stamp = await run_steps_async(self.db, steps)
+            return Called(tool, None if row is None else await self._made_async(row), stamp)
+        except psycopg.Error as exc:
+            raise translate_db_error(exc) from None
+
+    def _call_steps(
+        self,
+        key: str,
+        input: Mapping[str, Any] | None,
+        reason: str | None,
+        claim: Claim | None,
+    ) -> Steps[tuple[Row | None, Row | None, str]]:
+        """``call``'s trips, whoever runs them: (the tool, the inserted row, the stamp)."""
         if self.agent_id is None:
             raise InvalidArgument("Registry.call acts as an agent: give the agent_id")
         payload = _payload(input)
@@ -446,36 +511,25 @@ class Registry:
         identity = self.identity
         cache_key = ("call", self.db.url, self.owner, self.agent_id, key)
         stamp = (_STAMP, {"agent": self.agent_id})
-        try:
-            with self.db.trips() as trips:
-                seen = SEEN.get(cache_key)
-                if seen is not None:
-                    made = _insert_seen(
-                        trips, identity, seen, None, payload, None, True, [stamp],
-                        reason=reason, claim=claim,
-                    )  # fmt: skip
-                    if made is not None:
-                        inserted, stamped = made[0][0], made[1][0]
-                        return Called(seen.row, self._made(inserted), stamped["stamp"])
-                    SEEN.drop(cache_key)
-                lookup = (_CALL_LOOKUP, {"agent": self.agent_id, "key": key})
-                [[target]] = trips.run(identity, [lookup])
-                if target["tool_id"] is None:
-                    return Called(None, None, target["stamp"])
-                checked = _checked(target["schema_input"], payload, True)
-                tool_id = target["tool_id"]
-                seen = Seen(
-                    self.agent_id, tool_id, target["schema_input"], target["version"], target
-                )
-                SEEN.put(cache_key, seen)
-                [[row]] = trips.run(
-                    identity,
-                    [_insert_call(self.agent_id, tool_id, checked, None, reason, claim)],
-                    retry=False,
-                )
-        except psycopg.Error as exc:
-            raise translate_db_error(exc) from None
-        return Called(target, self._made(row), target["stamp"])
+        seen = SEEN.get(cache_key)
+        if seen is not None:
+            made = yield from _insert_seen_steps(
+                identity, seen, None, payload, None, True, [stamp], reason=reason, claim=claim
+            )
+            if made is not None:
+                return seen.row, made[0][0], made[1][0]["stamp"]
+            SEEN.drop(cache_key)
+        lookup = (_CALL_LOOKUP, {"agent": self.agent_id, "key": key})
+        [[target]] = yield identity, [lookup], True
+        if target["tool_id"] is None:
+            return None, None, target["stamp"]
+        checked = _checked(target["schema_input"], payload, True)
+        tool_id = target["tool_id"]
+        seen = Seen(self.agent_id, tool_id, target["schema_input"], target["version"], target)
+        SEEN.put(cache_key, seen)
+        insert = _insert_call(self.agent_id, tool_id, checked, None, reason, claim)
+        [[row]] = yield identity, [insert], False
+        return target, row, target["stamp"]
 
     def tools_stamp(self) -> str:
         """The stamp of the tools this registry's agent may call now (see ``call``)."""
@@ -702,6 +756,23 @@ def _insert_seen(
 ) -> list[list[Row]] | None:
     """The insert against what was read before; None when that is stale (or refuses the
     input, which a fresh read decides). ``agent``: the caller is the agent (strict nulls)."""
+    steps = _insert_seen_steps(
+        identity, seen, agent_name, payload, run_id, agent, more, reason=reason, claim=claim
+    )
+    return run_steps(trips, steps)
+
+
+def _insert_seen_steps(
+    identity: Identity,
+    seen: Seen,
+    agent_name: str | None,
+    payload: dict[str, Any],
+    run_id: UUID | None,
+    agent: bool,
+    more: Sequence[Query] = (),
+    reason: str | None = None,
+    claim: Claim | None = None,
+) -> Steps[list[list[Row]] | None]:
     try:
         checked = _checked(seen.schema, payload, agent)
     except InvalidInput:
@@ -713,7 +784,7 @@ def _insert_seen(
     sql = _INSERT_SEEN + (_POLICED if seen.row.get("gated") else "")
     sql += _settings_clause(reason, claim)
     try:
-        results = trips.run(identity, [(sql, params), *more], retry=False)
+        results = yield identity, [(sql, params), *more], False
     except psycopg.Error as exc:
         if exc.sqlstate in _STALE_REFUSALS:  # say it as the lookup says it: read again
             return None

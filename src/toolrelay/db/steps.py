@@ -1,0 +1,54 @@
+"""Work of several one-trip transactions written once, run by a thread or the event loop.
+
+A generator yields each trip (identity, queries, whether a failure may be retried) and is
+sent its rows, or thrown its error, back; ``run_steps`` drives it on ``Trips`` (a worker
+thread), ``run_steps_async`` on ``Database.trip`` (the event loop, db/aio.py). So
+``Registry.call`` has one body for the CLI and the API's threads and one for MCP's loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from typing import TypeVar
+
+import psycopg
+
+from toolrelay.db.connect import Database, Identity, Query, Row, Trips
+
+__all__ = ["Steps", "Trip", "run_steps", "run_steps_async"]
+
+T = TypeVar("T")
+Trip = tuple[Identity, Sequence[Query], bool]  # who, what, retried when it fails first
+Steps = Generator[Trip, list[list[Row]], T]
+
+
+def run_steps(trips: Trips, steps: Steps[T]) -> T:
+    """The value ``steps`` returns, each of its trips run on ``trips``."""
+    rows: list[list[Row]] | None = None
+    error: psycopg.Error | None = None
+    while True:
+        try:
+            trip = steps.throw(error) if error is not None else steps.send(rows)  # type: ignore[arg-type]
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        rows, error = None, None
+        try:
+            rows = trips.run(trip[0], trip[1], retry=trip[2])
+        except psycopg.Error as exc:
+            error = exc
+
+
+async def run_steps_async(db: Database, steps: Steps[T]) -> T:
+    """``run_steps`` from the event loop, each trip on ``db.trip``."""
+    rows: list[list[Row]] | None = None
+    error: psycopg.Error | None = None
+    while True:
+        try:
+            trip = steps.throw(error) if error is not None else steps.send(rows)  # type: ignore[arg-type]
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        rows, error = None, None
+        try:
+            rows = await db.trip(trip[0], trip[1], retry=trip[2])
+        except psycopg.Error as exc:
+            error = exc
