@@ -19,7 +19,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
-from toolrelay.db.connect import Identity, Query, Row, Trips, owner_identity
+from toolrelay.db.connect import Identity, Query, Row, owner_identity
 from toolrelay.db.steps import Steps, run_steps, run_steps_async
 from toolrelay.errors import (
     Conflict,
@@ -742,26 +742,6 @@ def _checked(schema: Any, payload: dict[str, Any], agent: bool) -> dict[str, Any
     return payload
 
 
-def _insert_seen(
-    trips: Trips,
-    identity: Identity,
-    seen: Seen,
-    agent_name: str | None,
-    payload: dict[str, Any],
-    run_id: UUID | None,
-    agent: bool,
-    more: Sequence[Query] = (),
-    reason: str | None = None,
-    claim: Claim | None = None,
-) -> list[list[Row]] | None:
-    """The insert against what was read before; None when that is stale (or refuses the
-    input, which a fresh read decides). ``agent``: the caller is the agent (strict nulls)."""
-    steps = _insert_seen_steps(
-        identity, seen, agent_name, payload, run_id, agent, more, reason=reason, claim=claim
-    )
-    return run_steps(trips, steps)
-
-
 def _insert_seen_steps(
     identity: Identity,
     seen: Seen,
@@ -773,6 +753,8 @@ def _insert_seen_steps(
     reason: str | None = None,
     claim: Claim | None = None,
 ) -> Steps[list[list[Row]] | None]:
+    """The insert against what was read before; None when that is stale (or refuses the
+    input, which a fresh read decides). ``agent``: the caller is the agent (strict nulls)."""
     try:
         checked = _checked(seen.schema, payload, agent)
     except InvalidInput:
