@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 from uuid import UUID
 
@@ -77,12 +78,10 @@ async def invoke(
 ) -> s.InvocationOut:
     registry = context.registry(caller)
     mark = context.outcomes.mark()  # before the call: its first read may be skipped
-    claim = context.handoff.reserve()  # a slot of the in-process worker, if there is one
-    invocation_id = None
-    try:
-        invocation_id = await _invoke(registry, _me(caller), body, claim)
-    finally:  # a call waiting for approval was not claimed: the worker finds that
-        context.handoff.settle(claim, invocation_id)
+    # with a slot of the in-process worker, if there is one (dispatch/handoff.py)
+    invocation_id = await context.handoff.make(
+        partial(_invoke, registry, _me(caller), body), lambda made: made
+    )
     response.headers["Location"] = f"/v1/agent/invocations/{invocation_id}"
     # One request instead of POST + GET ?wait: settled once finished or awaiting approval
     # (GET ?wait waits on the decision).

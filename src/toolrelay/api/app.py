@@ -87,6 +87,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await context.handoff.made_all()  # cancelled requests' calls, handed over still
             context.handoff.worker = None
             context.outcomes.holding = nothing_held
             worker.stop()

@@ -6,11 +6,18 @@ already claimed for it (lease owner, lease, attempt 1), and handed over once com
 NOTIFY, no wake-up, no claim scan. Where the worker is full, stopping or absent, the call
 is made as any other and notifies. If the process dies in between, the lease runs out and
 any worker claims the call again, as after a worker that died holding it.
+
+Making a call and handing it over is one step no cancellation splits (``make``): a
+request cancelled while its insert is in flight (the client gone, a shutdown) would
+otherwise leave a committed call claimed for a worker that was never told, waiting out
+its lease.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from toolrelay.registry.service import Claim
@@ -20,12 +27,46 @@ if TYPE_CHECKING:
 
 __all__ = ["HandOff"]
 
+T = TypeVar("T")
+
 
 class HandOff:
     """The in-process worker's door, for this process's calls; used in its event loop."""
 
     def __init__(self) -> None:
         self.worker: Worker | None = None
+        self._making: set[asyncio.Task[Any]] = set()  # the loop holds tasks only weakly
+
+    async def make(
+        self,
+        making: Callable[[Claim | None], Awaitable[T]],
+        made: Callable[[T], UUID | None],
+    ) -> T:
+        """``making(claim)``'s value: the call made with a slot of the in-process worker
+        (when it has one free) and settled with ``made(value)``, the call's id. It runs to
+        its end in a task of its own, whatever happens to the caller: once the insert is
+        sent, its call is handed over or its slot given back, as when a worker thread made
+        it (a cancelled caller still raises CancelledError)."""
+
+        async def whole() -> T:
+            claim = self.reserve()
+            value: T | None = None
+            try:
+                value = await making(claim)
+                return value
+            finally:  # a call waiting for approval was not claimed: the worker finds that
+                self.settle(claim, made(value) if value is not None else None)
+
+        task: asyncio.Task[T] = asyncio.ensure_future(whole())
+        self._making.add(task)
+        task.add_done_callback(self._making.discard)
+        # shield: the caller's cancellation (asyncio's or anyio's) stops its wait, not this
+        return await asyncio.shield(task)
+
+    async def made_all(self) -> None:
+        """Once every call being made has been made and settled (a shutdown waits for
+        those whose requests were cancelled before the worker stops)."""
+        await asyncio.gather(*self._making, return_exceptions=True)
 
     def reserve(self) -> Claim | None:
         """Before making a call: the claim to make it with, or None (made unclaimed)."""

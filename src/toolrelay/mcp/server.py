@@ -55,6 +55,7 @@ from toolrelay.mcp.changes import ListWatch
 from toolrelay.mcp.limits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, WAIT_ENV
 from toolrelay.mcp.pages import after_key, page
 from toolrelay.registry import Registry
+from toolrelay.registry.service import Called, Claim
 from toolrelay.registry.validation import validator
 from toolrelay.tokens import Authenticator, Caller, Unauthenticated
 
@@ -490,9 +491,8 @@ class _Handlers:
         if params.name == STATUS_TOOL:
             return await self._status(registry, agent, arguments)
         mark = self.outcomes.mark()  # before the call: its first read may be skipped
-        claim = self.handoff.reserve()  # a slot of the in-process worker, if there is one
-        called = None
-        try:
+
+        async def making(claim: Claim | None) -> Called:
             # In the event loop (db/aio.py): a hand-off to a thread cost more than the trip.
             called = await registry.call_async(params.name, arguments, _reason(params), claim)
             if called.tool is None and may_be_exported(params.name):  # another client's name
@@ -500,10 +500,12 @@ class _Handlers:
                 key = key_for(params.name, (r["key"] for r in rows))
                 if key is not None and key != params.name:
                     called = await registry.call_async(key, arguments, _reason(params), claim)
+            return called
+
+        try:  # with a slot of the in-process worker, if there is one (dispatch/handoff.py)
+            called = await self.handoff.make(making, lambda called: called.invocation_id)
         except ToolrelayError as exc:  # invalid_input, the database is down, ...
             return error_result(exc.code, exc.message)
-        finally:  # a call waiting for approval was not claimed: the worker finds that
-            self.handoff.settle(claim, called.invocation_id if called is not None else None)
         await self.watch.seen(ctx, called.stamp)
         if called.tool is None or called.invocation_id is None:
             raise unknown_tool(params.name)  # unassigned, denied, disabled or unknown

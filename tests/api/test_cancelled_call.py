@@ -1,0 +1,119 @@
+"""A call whose request is cancelled while its insert is on the wire is still handed to
+serve's worker (dispatch/handoff.py ``HandOff.make``).
+
+The door inserts the call already claimed for its in-process worker (migration 0036) and
+tells the worker once the insert returns. A request cancelled in between (a client gone,
+a shutdown; asyncio's cancel or anyio's) used to skip the telling: the committed call sat
+claimed for a worker that never heard of it until its lease ran out. Here the database's
+answer to the insert is held on the wire (tests/dispatch/heldpipe.py) after it committed,
+the request is cancelled, and the call must still be sent at once, by that worker, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import httpx
+import psycopg
+import pytest
+
+from tests.api.conftest import settings
+from tests.dispatch.heldpipe import held_pipe
+from tests.dispatch.upstream import Upstream
+from toolrelay.api import create_app
+from toolrelay.credentials import Keyring
+from toolrelay.db import Database
+from toolrelay.dispatch.worker import WorkerSettings
+from toolrelay.registry import Registry, ToolSpec
+from toolrelay.tokens import TokenStore
+
+LEASE = 120.0  # seconds: a call left to its lease is not done within SENT_WITHIN
+SENT_WITHIN = 15.0  # seconds from the cancel to the call done
+
+
+def agent_of(db: Database, upstream: Upstream) -> tuple[str, str, str]:
+    """A new owner's agent with `read`, a GET to a path of its own: (token, path, owner)."""
+    owner, path = uuid.uuid4(), f"/cancelled-{uuid.uuid4().hex}"
+    registry = Registry(db, owner)
+    registry.register_tool(
+        ToolSpec(key="read", name="read", endpoint_url=f"{upstream.base_url}{path}",
+                 http_method="GET", egress_class="read_only")
+    )  # fmt: skip
+    agent_id = registry.create_agent("bot")
+    registry.assign("bot", "read")
+    _, token = TokenStore(db).create(owner, agent_id, name="bot")
+    return token, path, str(owner)
+
+
+def calls_of(database_url: str, owner: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(database_url) as conn:
+        return conn.execute(
+            "SELECT status, attempt, lease_owner FROM agents.tool_invocations WHERE owner = %s",
+            (owner,),
+        ).fetchall()
+
+
+@pytest.fixture
+async def piped(database_url: str) -> AsyncIterator[Any]:
+    async with held_pipe(database_url, b"fn_invoke_tool") as made:
+        yield made
+
+
+async def cancel_natively(request: Callable[[], Any], held: asyncio.Event) -> None:
+    task = asyncio.ensure_future(request())
+    await held.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def cancel_by_scope(request: Callable[[], Any], held: asyncio.Event) -> None:
+    """As the MCP SDK cancels a request's handler: its anyio cancel scope."""
+    async with anyio.create_task_group() as group:
+        group.start_soon(request)
+        await held.wait()
+        group.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("cancel", [cancel_natively, cancel_by_scope])
+async def test_a_call_cancelled_after_its_insert_committed_is_sent_at_once(
+    cancel: Callable[..., Any],
+    piped: Any,
+    database_url: str,
+    db: Database,
+    keyring: Keyring,
+    upstream: Upstream,
+) -> None:
+    pipe, piped_url = piped
+    token, path, owner = await asyncio.to_thread(agent_of, db, upstream)
+    worker = WorkerSettings(concurrency=4, lease_seconds=LEASE, poll_interval=LEASE)
+    app = create_app(settings(piped_url, keyring, worker=worker))
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://toolrelay", headers=headers) as c,
+    ):
+        in_process = app.state.toolrelay.handoff.worker
+        assert in_process is not None
+
+        async def request() -> None:
+            await c.post("/v1/agent/invocations", json={"tool": "read", "input": {}})
+
+        await cancel(request, pipe.held)
+        [(status, attempt, lease_owner)] = await asyncio.to_thread(calls_of, database_url, owner)
+        assert (status, lease_owner) == ("running", in_process.settings.worker_id)  # committed
+        cancelled_at = time.monotonic()
+        pipe.release()
+        while (await asyncio.to_thread(calls_of, database_url, owner))[0][0] == "running":
+            assert time.monotonic() - cancelled_at < SENT_WITHIN, "left to its lease"
+            await asyncio.sleep(0.02)
+        assert in_process.reserved == 0
+    [(status, attempt, _)] = await asyncio.to_thread(calls_of, database_url, owner)
+    assert (status, attempt) == ("completed", 1)  # by the worker it was made for, at once
+    assert upstream.hits[path] == 1
