@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from tests.api.conftest import settings
+from tests.api.test_claim_at_invoke import run_until
 from tests.dispatch.heldpipe import held_pipe
 from tests.dispatch.upstream import Upstream
 from toolrelay.api import create_app
@@ -34,6 +35,7 @@ from toolrelay.tokens import TokenStore
 
 LEASE = 120.0  # seconds: a call left to its lease is not done within SENT_WITHIN
 SENT_WITHIN = 15.0  # seconds from the cancel to the call done
+SHUTDOWN_GRACE = 2.0  # seconds a shutdown that does not wait takes at most, with margin
 
 
 def agent_of(db: Database, upstream: Upstream) -> tuple[str, str, str]:
@@ -116,4 +118,48 @@ async def test_a_call_cancelled_after_its_insert_committed_is_sent_at_once(
         assert in_process.reserved == 0
     [(status, attempt, _)] = await asyncio.to_thread(calls_of, database_url, owner)
     assert (status, attempt) == ("completed", 1)  # by the worker it was made for, at once
+    assert upstream.hits[path] == 1
+
+
+async def test_a_shutdown_waits_for_the_call_of_a_cancelled_request(
+    piped: Any, database_url: str, db: Database, keyring: Keyring, upstream: Upstream
+) -> None:
+    """The request is cancelled (as uvicorn cancels what is left at a shutdown) while its
+    insert is answered late; the shutdown begins. The call is still handed to the worker
+    before it stops, not left claimed for a worker that is gone until its lease runs out."""
+    pipe, piped_url = piped
+    token, path, owner = await asyncio.to_thread(agent_of, db, upstream)
+    worker = WorkerSettings(concurrency=4, lease_seconds=LEASE, poll_interval=LEASE)
+    app = create_app(settings(piped_url, keyring, worker=worker))
+    started, stop = asyncio.Event(), asyncio.Event()
+
+    async def serving() -> None:  # the lifespan's scopes are entered and left in one task
+        async with app.router.lifespan_context(app):
+            started.set()
+            await stop.wait()
+
+    life = asyncio.ensure_future(serving())
+    await started.wait()
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://toolrelay", headers=headers
+    ) as c:
+
+        async def request() -> None:
+            await c.post("/v1/agent/invocations", json={"tool": "read", "input": {}})
+
+        await cancel_natively(request, pipe.held)
+    stop.set()  # the shutdown begins
+    # A shutdown that does not wait is over long before this; one that waits is still on.
+    await asyncio.wait({life}, timeout=SHUTDOWN_GRACE)
+    pipe.release()
+    await asyncio.wait_for(life, SENT_WITHIN)
+    # Sent before the worker stopped, or given back to any worker: never left claimed for
+    # the stopped one until its lease runs out. The next worker sends it at once.
+    restarted = time.monotonic()
+    await run_until(database_url, lambda: calls_of(database_url, owner)[0][0] != "running")
+    assert time.monotonic() - restarted < SENT_WITHIN, "left to its lease"
+    [(status, attempt, _)] = await asyncio.to_thread(calls_of, database_url, owner)
+    assert (status, attempt) == ("completed", 1)  # attempt 1: no lease ran out
     assert upstream.hits[path] == 1

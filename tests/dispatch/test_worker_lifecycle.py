@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from tests.dispatch.conftest import LOOPBACK_ONLY
+from tests.dispatch.heldpipe import held_pipe
 from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import agent_with_tool
 from toolrelay.dispatch.egress import EgressPolicy
@@ -22,6 +23,7 @@ from toolrelay.registry import Registry
 
 Drain = Callable[..., Awaitable[Worker]]
 WAIT = 30.0  # seconds, an upper bound for things that take well under one
+STOP_GRACE = 2.0  # seconds a worker with nothing to wait for takes to stop, with margin
 
 
 async def test_sigterm_finishes_in_flight_calls_and_claims_no_more(
@@ -124,3 +126,33 @@ async def test_redirect_from_allowed_host_to_blocked_one_is_refused(
     got = registry.get_invocation(inv)
     assert (got["status"], got["error_code"]) == ("failed", "egress_blocked")
     assert upstream.hits["/bounce"] == 1
+
+
+async def test_a_call_handed_over_as_the_worker_stops_is_not_left_claimed(
+    registry: Registry, upstream: Upstream, database_url: str
+) -> None:
+    """A call made in `serve` is claimed for its worker as it is inserted, then handed over
+    (dispatch/handoff.py). Here the worker's read of it is answered late (held on the wire,
+    tests/dispatch/heldpipe.py) while it is told to stop. It waits for that read: the call
+    is given back to any worker, not left claimed by a stopped one until its lease runs
+    out."""
+    agent, tool = agent_with_tool(registry, endpoint_url=f"{upstream.base_url}/handed")
+    async with held_pipe(database_url, b"AND i.attempt = 1") as (pipe, piped_url):
+        settings = WorkerSettings(lease_seconds=300, poll_interval=300)
+        worker = Worker(piped_url, settings, None, LOOPBACK_ONLY)
+        task = asyncio.create_task(worker.run())
+        async with asyncio.timeout(WAIT):
+            while (claim := worker.reserve()) is None:  # until it takes hand-offs
+                await asyncio.sleep(0.01)
+        invocation = await asyncio.to_thread(registry.invoke, agent, tool["key"], {}, claim=claim)
+        worker.adopt(invocation)
+        await asyncio.wait_for(pipe.held.wait(), WAIT)  # its read is in, the answer held
+        worker.stop()
+        # A worker that does not wait is gone long before this; one that waits is not.
+        await asyncio.wait({task}, timeout=STOP_GRACE)
+        pipe.release()
+        await asyncio.wait_for(task, WAIT)
+    row = registry.get_invocation(invocation)
+    left = (row["status"], row["lease_owner"], row["attempt"])
+    assert left == ("running", None, 0), left  # given back: any worker claims it now
+    assert worker.reserved == 0

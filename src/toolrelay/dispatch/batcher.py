@@ -44,6 +44,12 @@ class Batcher(Generic[T, R]):
             self._runner = asyncio.create_task(self._run())
         return future
 
+    async def drain(self) -> None:
+        """Once everything queued so far has been flushed (the flushing is not cancelled
+        when this wait is)."""
+        while self._runner is not None and not self._runner.done():
+            await asyncio.wait({self._runner})
+
     async def _run(self) -> None:
         while self._pending:
             delay = self._linger() if self._linger is not None else 0.0

@@ -207,7 +207,11 @@ class Worker:
             try:
                 await self._loop()
             finally:
-                self._adopting = None  # no more hand-offs: calls made from now on notify
+                adopting, self._adopting = self._adopting, None  # calls made now notify
+                # Hand-offs still being read are started (then drained) or, once stopping,
+                # given back: none is left claimed for a worker that is gone.
+                if adopting is not None:
+                    await adopting.drain()
                 await self._shutdown()
                 for task in side:
                     task.cancel()
