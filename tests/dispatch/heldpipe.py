@@ -1,6 +1,7 @@
 """A loopback pipe to PostgreSQL that can hold the server's answer: the query has run and
 committed, and the client has not heard so yet. For the moment no lock or delay on the
-server reaches: between a COMMIT and the client reading it."""
+server reaches: between a COMMIT and the client reading it. Or, ``drop``, cut the
+connection that sent the query (once), as a database restart or a lost link does."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ class HeldPipe:
     """Forwards every connection to the database; once a client sends a query holding
     ``marker``, that connection's answers wait until ``release``. ``held`` is set then."""
 
-    def __init__(self, marker: bytes) -> None:
-        self.marker = marker
+    def __init__(self, marker: bytes, drop: bool = False) -> None:
+        self.marker, self.drop = marker, drop
         self.held = asyncio.Event()
         self._released = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -40,10 +41,15 @@ class HeldPipe:
         async def upwards() -> None:
             while data := await reader.read(CHUNK):
                 if self.marker in data and not self._released.is_set():
+                    if self.drop:  # cut before the query reaches the server
+                        self.held.set()
+                        self._released.set()
+                        break
                     marked.set()
                 up_writer.write(data)
                 await up_writer.drain()
             up_writer.close()
+            writer.close()
 
         async def downwards() -> None:
             while data := await up_reader.read(CHUNK):
@@ -61,9 +67,11 @@ class HeldPipe:
 
 
 @contextlib.asynccontextmanager
-async def held_pipe(database_url: str, marker: bytes) -> AsyncIterator[tuple[HeldPipe, str]]:
+async def held_pipe(
+    database_url: str, marker: bytes, drop: bool = False
+) -> AsyncIterator[tuple[HeldPipe, str]]:
     """The pipe and a URL of the same database through it (in this event loop)."""
-    pipe = HeldPipe(marker)
+    pipe = HeldPipe(marker, drop)
     target = conninfo.conninfo_to_dict(database_url)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

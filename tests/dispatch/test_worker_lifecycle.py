@@ -156,3 +156,34 @@ async def test_a_call_handed_over_as_the_worker_stops_is_not_left_claimed(
     left = (row["status"], row["lease_owner"], row["attempt"])
     assert left == ("running", None, 0), left  # given back: any worker claims it now
     assert worker.reserved == 0
+
+
+async def test_a_handed_over_call_whose_read_lost_the_database_is_read_again(
+    registry: Registry, upstream: Upstream, database_url: str
+) -> None:
+    """The connection of the worker's read of a handed-over call is cut (a database restart,
+    a lost link) before the read arrives: the worker reads it again once it can and sends
+    it, instead of leaving it claimed for itself until its lease (300 s here) runs out."""
+    agent, tool = agent_with_tool(registry, endpoint_url=f"{upstream.base_url}/handed")
+    async with held_pipe(database_url, b"AND i.attempt = 1", drop=True) as (pipe, piped_url):
+        settings = WorkerSettings(lease_seconds=300, poll_interval=300)
+        worker = Worker(piped_url, settings, None, LOOPBACK_ONLY)
+        task = asyncio.create_task(worker.run())
+        try:
+            async with asyncio.timeout(WAIT):
+                while (claim := worker.reserve()) is None:  # until it takes hand-offs
+                    await asyncio.sleep(0.01)
+            call = await asyncio.to_thread(registry.invoke, agent, tool["key"], {}, claim=claim)
+            worker.adopt(call)
+            await asyncio.wait_for(pipe.held.wait(), WAIT)  # that read's connection was cut
+            async with asyncio.timeout(WAIT):
+                while (await asyncio.to_thread(registry.get_invocation, call))["status"] == (
+                    "running"
+                ):
+                    await asyncio.sleep(0.02)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, WAIT)
+    row = registry.get_invocation(call)
+    assert (row["status"], row["attempt"]) == ("completed", 1)  # this worker's, at once
+    assert worker.reserved == 0

@@ -314,8 +314,17 @@ class Worker:
         someone else has it) is not started."""
         try:
             rows = await self._db_call(self.store.adopt(ids))
-        finally:
+        except BaseException:
             self.reserved -= len(ids)
+            raise
+        if rows is None and self._adopting is not None and not self.stopping.is_set():
+            # The database went away (``_db_call`` waited): read them again, rather than
+            # leave calls claimed for this worker until their leases run out. Their slots
+            # stay reserved meanwhile.
+            for key in ids:
+                self._adopting.enqueue(key)
+            return [None] * len(ids)
+        self.reserved -= len(ids)
         if self.stopping.is_set() and rows:  # not started: give them back to any worker
             await self._db_call(self.store.release([row["id"] for row in rows]))
             rows = []
