@@ -36,6 +36,7 @@ from toolrelay.tokens import TokenStore
 LEASE = 120.0  # seconds: a call left to its lease is not done within SENT_WITHIN
 SENT_WITHIN = 15.0  # seconds from the cancel to the call done
 SHUTDOWN_GRACE = 2.0  # seconds a shutdown that does not wait takes at most, with margin
+STUCK_BOUND = 1.0  # seconds a shutdown waits for calls still being made, in the last test
 
 
 def agent_of(db: Database, upstream: Upstream) -> tuple[str, str, str]:
@@ -163,3 +164,41 @@ async def test_a_shutdown_waits_for_the_call_of_a_cancelled_request(
     [(status, attempt, _)] = await asyncio.to_thread(calls_of, database_url, owner)
     assert (status, attempt) == ("completed", 1)  # attempt 1: no lease ran out
     assert upstream.hits[path] == 1
+
+
+async def test_a_shutdown_does_not_wait_forever_for_a_call_the_database_never_answers(
+    piped: Any,
+    database_url: str,
+    db: Database,
+    keyring: Keyring,
+    upstream: Upstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The insert's answer never comes (held until the test ends): the shutdown waits for
+    that call no longer than its bound, then goes on."""
+    monkeypatch.setattr("toolrelay.api.app.WORKER_STOP_TIMEOUT", STUCK_BOUND)
+    pipe, piped_url = piped
+    token, _, _ = await asyncio.to_thread(agent_of, db, upstream)
+    app = create_app(settings(piped_url, keyring))
+    started, stop = asyncio.Event(), asyncio.Event()
+
+    async def serving() -> None:
+        async with app.router.lifespan_context(app):
+            started.set()
+            await stop.wait()
+
+    life = asyncio.ensure_future(serving())
+    await started.wait()
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://toolrelay", headers=headers
+    ) as c:
+
+        async def request() -> None:
+            await c.post("/v1/agent/invocations", json={"tool": "read", "input": {}})
+
+        await cancel_natively(request, pipe.held)
+    stop.set()
+    began = time.monotonic()
+    await asyncio.wait_for(life, SENT_WITHIN)  # not held by the call that never returns
+    assert time.monotonic() - began < SENT_WITHIN

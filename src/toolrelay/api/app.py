@@ -87,7 +87,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            await context.handoff.made_all()  # cancelled requests' calls, handed over still
+            # cancelled requests' calls, handed over still
+            await context.handoff.made_all(WORKER_STOP_TIMEOUT)
             context.handoff.worker = None
             context.outcomes.holding = nothing_held
             worker.stop()

@@ -63,10 +63,12 @@ class HandOff:
         # shield: the caller's cancellation (asyncio's or anyio's) stops its wait, not this
         return await asyncio.shield(task)
 
-    async def made_all(self) -> None:
-        """Once every call being made has been made and settled (a shutdown waits for
-        those whose requests were cancelled before the worker stops)."""
-        await asyncio.gather(*self._making, return_exceptions=True)
+    async def made_all(self, timeout: float) -> None:
+        """Once every call being made has been made and settled, or ``timeout`` s have
+        passed (a shutdown waits for those whose requests were cancelled before the worker
+        stops; one stuck on a database that does not answer does not hold it forever)."""
+        if self._making:
+            await asyncio.wait(set(self._making), timeout=timeout)
 
     def reserve(self) -> Claim | None:
         """Before making a call: the claim to make it with, or None (made unclaimed)."""
