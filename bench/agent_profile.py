@@ -21,8 +21,16 @@ RATE_HZ = 250
 STEPS = {
     "MCP SDK: session manager to handler": ("StreamableHTTPSessionManager.handle_request",),
     "API route (FastAPI, its dependencies)": ("APIRoute.handle",),
-    "token check (Authenticator.authenticate)": ("Authenticator.authenticate",),
-    "invoke (Registry.call / .invoke)": ("Registry.call", "Registry.call_async", "Registry.invoke"),
+    "token check (Authenticator.authenticate)": (
+        "Authenticator.authenticate",
+        "Authenticator.authenticate_async",
+    ),
+    "invoke (Registry.call / .invoke)": (
+        "Registry.call",
+        "Registry.call_async",
+        "Registry.invoke",
+        "Registry.invoke_async",
+    ),
     "  of which input validation": ("validate_input",),
     "read after the wake (Registry.get_invocation)": ("Registry.get_invocation",),
     "worker: a call from claim to outcome (Worker._handle)": ("Worker._handle",),
