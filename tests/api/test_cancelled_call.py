@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,14 +22,13 @@ import psycopg
 import pytest
 
 from tests.api.conftest import settings
-from tests.api.test_claim_at_invoke import run_until
+from tests.api.test_claim_at_invoke import registry_with_read, run_until
 from tests.dispatch.heldpipe import held_pipe
 from tests.dispatch.upstream import Upstream
 from toolrelay.api import create_app
 from toolrelay.credentials import Keyring
 from toolrelay.db import Database
-from toolrelay.dispatch.worker import WorkerSettings
-from toolrelay.registry import Registry, ToolSpec
+from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.tokens import TokenStore
 
 LEASE = 120.0  # seconds: a call left to its lease is not done within SENT_WITHIN
@@ -41,16 +39,34 @@ STUCK_BOUND = 1.0  # seconds a shutdown waits for calls still being made, in the
 
 def agent_of(db: Database, upstream: Upstream) -> tuple[str, str, str]:
     """A new owner's agent with `read`, a GET to a path of its own: (token, path, owner)."""
-    owner, path = uuid.uuid4(), f"/cancelled-{uuid.uuid4().hex}"
-    registry = Registry(db, owner)
-    registry.register_tool(
-        ToolSpec(key="read", name="read", endpoint_url=f"{upstream.base_url}{path}",
-                 http_method="GET", egress_class="read_only")
-    )  # fmt: skip
-    agent_id = registry.create_agent("bot")
-    registry.assign("bot", "read")
-    _, token = TokenStore(db).create(owner, agent_id, name="bot")
-    return token, path, str(owner)
+    agent, path = registry_with_read(db, upstream)
+    assert agent.agent_id is not None
+    _, token = TokenStore(db).create(agent.owner, agent.agent_id, name="bot")
+    return token, path, str(agent.owner)
+
+
+async def taking_hand_offs(app: Any) -> Worker:
+    """serve's worker, once it takes hand-offs (before, calls are made unclaimed and any
+    worker's claim takes them: not the case tried here)."""
+    worker = app.state.toolrelay.handoff.worker
+    assert isinstance(worker, Worker)
+    async with asyncio.timeout(SENT_WITHIN):
+        while worker.reserve() is None:
+            await asyncio.sleep(0.01)
+    worker.adopt(None)  # the slot back
+    return worker
+
+
+async def released_and_sent(pipe: Any, database_url: str, owner: str, worker_id: str) -> None:
+    """The cancelled call is committed, claimed for ``worker_id``; once the database's
+    answer is let through, it is sent well within its lease."""
+    [(status, _, lease_owner)] = await asyncio.to_thread(calls_of, database_url, owner)
+    assert (status, lease_owner) == ("running", worker_id)  # committed
+    cancelled_at = time.monotonic()
+    pipe.release()
+    while (await asyncio.to_thread(calls_of, database_url, owner))[0][0] == "running":
+        assert time.monotonic() - cancelled_at < SENT_WITHIN, "left to its lease"
+        await asyncio.sleep(0.02)
 
 
 def calls_of(database_url: str, owner: str) -> list[tuple[Any, ...]]:
@@ -102,20 +118,13 @@ async def test_a_call_cancelled_after_its_insert_committed_is_sent_at_once(
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=transport, base_url="http://toolrelay", headers=headers) as c,
     ):
-        in_process = app.state.toolrelay.handoff.worker
-        assert in_process is not None
+        in_process = await taking_hand_offs(app)
 
         async def request() -> None:
             await c.post("/v1/agent/invocations", json={"tool": "read", "input": {}})
 
         await cancel(request, pipe.held)
-        [(status, attempt, lease_owner)] = await asyncio.to_thread(calls_of, database_url, owner)
-        assert (status, lease_owner) == ("running", in_process.settings.worker_id)  # committed
-        cancelled_at = time.monotonic()
-        pipe.release()
-        while (await asyncio.to_thread(calls_of, database_url, owner))[0][0] == "running":
-            assert time.monotonic() - cancelled_at < SENT_WITHIN, "left to its lease"
-            await asyncio.sleep(0.02)
+        await released_and_sent(pipe, database_url, owner, in_process.settings.worker_id)
         assert in_process.reserved == 0
     [(status, attempt, _)] = await asyncio.to_thread(calls_of, database_url, owner)
     assert (status, attempt) == ("completed", 1)  # by the worker it was made for, at once
@@ -141,6 +150,7 @@ async def test_a_shutdown_waits_for_the_call_of_a_cancelled_request(
 
     life = asyncio.ensure_future(serving())
     await started.wait()
+    await taking_hand_offs(app)
     transport = httpx.ASGITransport(app=app)
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(
@@ -189,6 +199,7 @@ async def test_a_shutdown_does_not_wait_forever_for_a_call_the_database_never_an
 
     life = asyncio.ensure_future(serving())
     await started.wait()
+    await taking_hand_offs(app)
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://toolrelay", headers=headers

@@ -39,8 +39,10 @@ class HeldPipe:
         marked = asyncio.Event()
 
         async def upwards() -> None:
+            tail = b""  # a marker may straddle two reads
             while data := await reader.read(CHUNK):
-                if self.marker in data and not self._released.is_set():
+                seen, tail = tail + data, data[-len(self.marker) :]
+                if self.marker in seen and not self._released.is_set():
                     if self.drop:  # cut before the query reaches the server
                         self.held.set()
                         self._released.set()

@@ -10,7 +10,6 @@ same at /v1's door."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +18,13 @@ import uvicorn
 
 from tests.api.conftest import settings
 from tests.api.gates import until_async
-from tests.api.test_cancelled_call import LEASE, SENT_WITHIN, agent_of, calls_of
+from tests.api.test_cancelled_call import (
+    LEASE,
+    agent_of,
+    calls_of,
+    released_and_sent,
+    taking_hand_offs,
+)
 from tests.dispatch.heldpipe import held_pipe
 from tests.dispatch.upstream import Upstream
 from tests.mcp.conftest import http_client
@@ -50,21 +55,14 @@ async def test_a_tools_call_cancelled_after_its_insert_committed_is_sent_at_once
     try:
         assert await until_async(lambda: server.started)
         url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-        in_process = app.state.toolrelay.handoff.worker
-        assert in_process is not None
+        in_process = await taking_hand_offs(app)
         async with http_client(url, token, mode=mode) as client:
             call = asyncio.ensure_future(client.call_tool("read", {}))
             await pipe.held.wait()
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
-            [(status, _, lease_owner)] = await asyncio.to_thread(calls_of, database_url, owner)
-            assert (status, lease_owner) == ("running", in_process.settings.worker_id)
-            cancelled_at = time.monotonic()
-            pipe.release()
-            while (await asyncio.to_thread(calls_of, database_url, owner))[0][0] == "running":
-                assert time.monotonic() - cancelled_at < SENT_WITHIN, "left to its lease"
-                await asyncio.sleep(0.02)
+            await released_and_sent(pipe, database_url, owner, in_process.settings.worker_id)
         assert in_process.reserved == 0
     finally:
         server.should_exit = True
