@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from tests.api.conftest import settings
+from tests.api.gates import until_async
 from tests.api.test_claim_at_invoke import registry_with_read, run_until
 from tests.dispatch.heldpipe import held_pipe
 from tests.dispatch.upstream import Upstream
@@ -50,10 +51,7 @@ async def taking_hand_offs(app: Any) -> Worker:
     worker's claim takes them: not the case tried here)."""
     worker = app.state.toolrelay.handoff.worker
     assert isinstance(worker, Worker)
-    async with asyncio.timeout(SENT_WITHIN):
-        while worker.reserve() is None:
-            await asyncio.sleep(0.01)
-    worker.adopt(None)  # the slot back
+    assert await until_async(lambda: worker.taking_hand_offs)
     return worker
 
 

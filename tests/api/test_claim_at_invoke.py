@@ -52,6 +52,8 @@ def in_process_worker(app: FastAPI) -> Worker:
     worker = app.state.toolrelay.handoff.worker
     assert worker is not None, "serve's worker is running"
     assert isinstance(worker, Worker)
+    # Until it has started, calls are made unclaimed (and notify): not what is tried here.
+    assert until(lambda: worker.taking_hand_offs)
     return worker
 
 

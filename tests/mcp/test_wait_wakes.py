@@ -82,6 +82,7 @@ async def test_a_read_call_goes_to_the_in_process_worker_as_it_is_inserted(
     """tools/call through `serve`: the call is claimed for its worker by the insert
     (migration 0036), never by a claim UPDATE (tests/api/test_claim_at_invoke.py)."""
     worker = app.state.toolrelay.handoff.worker
+    assert await until_async(lambda: worker.taking_hand_offs)  # else made unclaimed
     async with http_client(serve_url, world.agent_token) as client:
         call = asyncio.create_task(client.call_tool("held.read", {}))
         assert await until_async(outcomes_of(app).waiting)  # held at the upstream

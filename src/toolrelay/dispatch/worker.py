@@ -283,6 +283,12 @@ class Worker:
         """Whether this worker has the call in flight (its outcome not recorded yet)."""
         return UUID(invocation_id) in self.inflight
 
+    @property
+    def taking_hand_offs(self) -> bool:
+        """Whether calls can be handed to this worker now (it has started and is not
+        stopping; ``reserve`` still needs a free slot). Read from any thread."""
+        return self._adopting is not None and not self.stopping.is_set()
+
     def reserve(self) -> Claim | None:
         """A slot for a call this process is about to make: the claim to make it with
         (worker id, lease seconds; Registry.invoke's ``claim``), or None when this worker is
