@@ -129,6 +129,34 @@ async def test_a_call_cancelled_after_its_insert_committed_is_sent_at_once(
     assert upstream.hits[path] == 1
 
 
+async def cancelled_under_lifespan(
+    app: Any, token: str, pipe: Any
+) -> tuple[asyncio.Event, asyncio.Future[None]]:
+    """The app's lifespan running in a task of its own (its scopes are entered and left in
+    one task) and a call to it cancelled once the insert's answer is held: the event that
+    begins its shutdown, and the task."""
+    started, stop = asyncio.Event(), asyncio.Event()
+
+    async def serving() -> None:
+        async with app.router.lifespan_context(app):
+            started.set()
+            await stop.wait()
+
+    life = asyncio.ensure_future(serving())
+    await started.wait()
+    await taking_hand_offs(app)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://toolrelay", headers=headers
+    ) as c:
+
+        async def request() -> None:
+            await c.post("/v1/agent/invocations", json={"tool": "read", "input": {}})
+
+        await cancel_natively(request, pipe.held)
+    return stop, life
+
+
 async def test_a_shutdown_waits_for_the_call_of_a_cancelled_request(
     piped: Any, database_url: str, db: Database, keyring: Keyring, upstream: Upstream
 ) -> None:
@@ -139,26 +167,7 @@ async def test_a_shutdown_waits_for_the_call_of_a_cancelled_request(
     token, path, owner = await asyncio.to_thread(agent_of, db, upstream)
     worker = WorkerSettings(concurrency=4, lease_seconds=LEASE, poll_interval=LEASE)
     app = create_app(settings(piped_url, keyring, worker=worker))
-    started, stop = asyncio.Event(), asyncio.Event()
-
-    async def serving() -> None:  # the lifespan's scopes are entered and left in one task
-        async with app.router.lifespan_context(app):
-            started.set()
-            await stop.wait()
-
-    life = asyncio.ensure_future(serving())
-    await started.wait()
-    await taking_hand_offs(app)
-    transport = httpx.ASGITransport(app=app)
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://toolrelay", headers=headers
-    ) as c:
-
-        async def request() -> None:
-            await c.post("/v1/agent/invocations", json={"tool": "read", "input": {}})
-
-        await cancel_natively(request, pipe.held)
+    stop, life = await cancelled_under_lifespan(app, token, pipe)
     stop.set()  # the shutdown begins
     # A shutdown that does not wait is over long before this; one that waits is still on.
     await asyncio.wait({life}, timeout=SHUTDOWN_GRACE)
@@ -188,25 +197,7 @@ async def test_a_shutdown_does_not_wait_forever_for_a_call_the_database_never_an
     pipe, piped_url = piped
     token, _, _ = await asyncio.to_thread(agent_of, db, upstream)
     app = create_app(settings(piped_url, keyring))
-    started, stop = asyncio.Event(), asyncio.Event()
-
-    async def serving() -> None:
-        async with app.router.lifespan_context(app):
-            started.set()
-            await stop.wait()
-
-    life = asyncio.ensure_future(serving())
-    await started.wait()
-    await taking_hand_offs(app)
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://toolrelay", headers=headers
-    ) as c:
-
-        async def request() -> None:
-            await c.post("/v1/agent/invocations", json={"tool": "read", "input": {}})
-
-        await cancel_natively(request, pipe.held)
+    stop, life = await cancelled_under_lifespan(app, token, pipe)
     stop.set()
     began = time.monotonic()
     await asyncio.wait_for(life, SENT_WITHIN)  # not held by the call that never returns
