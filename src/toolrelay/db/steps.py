@@ -24,31 +24,36 @@ Steps = Generator[Trip, list[list[Row]], T]
 
 def run_steps(trips: Trips, steps: Steps[T]) -> T:
     """The value ``steps`` returns, each of its trips run on ``trips``."""
-    rows: list[list[Row]] | None = None
-    error: psycopg.Error | None = None
-    while True:
-        try:
-            trip = steps.throw(error) if error is not None else steps.send(rows)  # type: ignore[arg-type]
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    trip, value = _next(steps, None, None)
+    while trip is not None:
         rows, error = None, None
         try:
             rows = trips.run(trip[0], trip[1], retry=trip[2])
         except psycopg.Error as exc:
             error = exc
+        trip, value = _next(steps, rows, error)
+    return value
 
 
 async def run_steps_async(db: Database, steps: Steps[T]) -> T:
     """``run_steps`` from the event loop, each trip on ``db.trip``."""
-    rows: list[list[Row]] | None = None
-    error: psycopg.Error | None = None
-    while True:
-        try:
-            trip = steps.throw(error) if error is not None else steps.send(rows)  # type: ignore[arg-type]
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    trip, value = _next(steps, None, None)
+    while trip is not None:
         rows, error = None, None
         try:
             rows = await db.trip(trip[0], trip[1], retry=trip[2])
         except psycopg.Error as exc:
             error = exc
+        trip, value = _next(steps, rows, error)
+    return value
+
+
+def _next(
+    steps: Steps[T], rows: list[list[Row]] | None, error: psycopg.Error | None
+) -> tuple[Trip | None, T]:
+    """The next trip, its predecessor's rows sent in (or its error thrown in); once the
+    steps return, no trip and their value. What the steps raise goes to the caller."""
+    try:
+        return steps.throw(error) if error is not None else steps.send(rows), None  # type: ignore[arg-type, return-value]
+    except StopIteration as done:
+        return None, done.value
