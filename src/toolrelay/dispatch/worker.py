@@ -294,7 +294,7 @@ class Worker:
         (worker id, lease seconds; Registry.invoke's ``claim``), or None when this worker is
         not running or has no slot free (the call is then made unclaimed, and notifies).
         Every reservation is followed by ``adopt``. Called in this worker's event loop."""
-        if self._adopting is None or self.stopping.is_set() or self._free() <= 0:
+        if not self.taking_hand_offs or self._free() <= 0:
             return None
         self.reserved += 1
         return self.settings.worker_id, self.settings.lease_seconds
