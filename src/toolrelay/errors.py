@@ -21,6 +21,12 @@ class ToolrelayError(Exception):
 # --- caller mistakes (raised before anything is written) -----------------------------------
 
 
+class Unauthenticated(ToolrelayError):
+    """No credentials, or credentials that do not identify anyone (HTTP 401)."""
+
+    code = "unauthenticated"
+
+
 class NotFound(ToolrelayError):
     code = "not_found"
 

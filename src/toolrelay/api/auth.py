@@ -29,11 +29,15 @@ def authenticate(request: Request, context: ApiContext, token: str | None) -> Ca
     return caller
 
 
-async def authenticate_async(request: Request, context: ApiContext, token: str | None) -> Caller:
+async def authenticate_async(
+    request: Request, context: ApiContext, token: str | None, deferred: bool = False
+) -> Caller:
     """``authenticate`` in the event loop: the token's one round trip needs no worker
-    thread (db/aio.py), a hand-off that cost more than the query."""
+    thread (db/aio.py), a hand-off that cost more than the query. ``deferred``: the
+    request only calls, and a remembered agent token is checked by the call (migration
+    0039)."""
     with failures_limited(request, context):
-        caller = await context.authenticator.authenticate_async(presented(token))
+        caller = await context.authenticator.authenticate_async(presented(token), deferred=deferred)
     limit(context, caller.rate_key)
     return caller
 
@@ -82,3 +86,24 @@ async def agent_caller(caller: Caller = Depends(any_caller)) -> Caller:
     if not caller.is_agent:
         raise PermissionDenied("this is an agent endpoint; use an agent token")
     return caller
+
+
+async def calling_agent(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+    context: ApiContext = Depends(request_context),
+) -> Caller:
+    """``agent_caller`` for a request that only makes a call: its token may be left to the
+    call's transaction to check (``Caller.unchecked``); a refusal there is a 401 too."""
+    token = credentials.credentials if credentials else None
+    caller = await authenticate_async(request, context, token, deferred=True)
+    return await agent_caller(caller)
+
+
+async def looked_up(request: Request, context: ApiContext, caller: Caller) -> Caller:
+    """``caller`` with its token looked up, if it was left unchecked (``calling_agent``):
+    before anything but the call is done as it."""
+    if caller.unchecked is None:
+        return caller
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return await authenticate_async(request, context, token if scheme.lower() == "bearer" else None)

@@ -83,8 +83,13 @@ class ApiContext:
 
     def registry(self, caller: Caller) -> Registry:
         """The caller's view: every transaction runs as the owner, with the agent's or the
-        member's claims."""
-        return Registry(self.db, caller.owner, agent_id=caller.agent_id, member_id=caller.member_id)
+        member's claims. A caller whose token is unchecked (Caller.unchecked) may only
+        call: its registry checks the token in each call's transaction (migration 0039),
+        and nothing else may be done with it."""
+        return Registry(
+            self.db, caller.owner, agent_id=caller.agent_id, member_id=caller.member_id,
+            token_check=caller.token_check,
+        )  # fmt: skip
 
 
 def get_context(request: Request) -> ApiContext:

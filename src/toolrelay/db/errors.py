@@ -22,6 +22,7 @@ _BY_SQLSTATE: dict[str, type[errors.ToolrelayError]] = {
     "TR003": errors.InvalidState,
     "TR004": errors.ApprovalExpired,
     "TR005": errors.NoEndpoint,
+    "TR006": errors.Unauthenticated,  # agents.check_token (migration 0039)
 }
 
 

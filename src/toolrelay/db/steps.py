@@ -8,14 +8,15 @@ thread), ``run_steps_async`` on ``Database.trip`` (the event loop, db/aio.py). S
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
+from functools import partial
 from typing import TypeVar
 
 import psycopg
 
 from toolrelay.db.connect import Database, Identity, Query, Row, Trips
 
-__all__ = ["Steps", "Trip", "run_steps", "run_steps_async"]
+__all__ = ["Steps", "Trip", "checked_first", "run_steps", "run_steps_async"]
 
 T = TypeVar("T")
 Trip = tuple[Identity, Sequence[Query], bool]  # who, what, retried when it fails first
@@ -57,3 +58,40 @@ def _next(
         return steps.throw(error) if error is not None else steps.send(rows), None  # type: ignore[arg-type, return-value]
     except StopIteration as done:
         return None, done.value
+
+
+def checked_first(steps: Steps[T], identity: Identity, check: Query, refused: str) -> Steps[T]:
+    """``steps`` with ``check`` run first in their first trip (in its transaction, its rows
+    not passed on). Steps that end or fail before making any trip still make one, with the
+    check alone, before their value or error goes out: a caller the check refuses learns
+    nothing else. The check's error (SQLSTATE ``refused``) goes to the caller as it is,
+    never to ``steps``, which cannot take it for one of their own."""
+    try:
+        who, queries, retry = next(steps)
+    except StopIteration as done:
+        yield identity, [check], True
+        value: T = done.value
+        return value
+    except Exception:
+        yield identity, [check], True
+        raise
+    step: Callable[[], Trip]
+    try:
+        rows = yield who, [check, *queries], retry
+    except psycopg.Error as exc:
+        if exc.sqlstate == refused:
+            raise
+        step = partial(steps.throw, exc)
+    else:
+        step = partial(steps.send, rows[1:])
+    while True:
+        try:
+            trip = step()
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        try:
+            rows = yield trip
+        except psycopg.Error as exc:
+            step = partial(steps.throw, exc)
+        else:
+            step = partial(steps.send, rows)

@@ -42,7 +42,7 @@ from toolrelay.mcp.oauth import (
     ResourceServer,
     authorization_servers,
 )
-from toolrelay.mcp.server import McpSettings, agent_only, build_server
+from toolrelay.mcp.server import STATUS_TOOL, McpSettings, agent_only, build_server
 from toolrelay.notify.payloads import PUBLIC_URL_ENV, public_url
 from toolrelay.tokens import Caller, Unauthenticated
 
@@ -119,8 +119,9 @@ class McpEndpoint:
         self.oauth = ResourceServer(self.issuers) if self.issuers else None
         self.bindings = OAuthBindings(context.db)
         self.server = build_server(
-            context.db, caller_from_request, settings, context.outcomes, context.handoff
-        )
+            context.db, caller_from_request, settings, context.outcomes, context.handoff,
+            context.authenticator.forget,
+        )  # fmt: skip
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
             # Host/Origin checks are done here (any Host may be legitimate behind a proxy).
@@ -138,15 +139,17 @@ class McpEndpoint:
             await response(scope, receive, send)
             return
         token = _bearer(request)
+        calls = (False, False)
         try:
-            if self.oauth is not None and token is not None and self.oauth.handles(token):
-                caller = await self._oauth_caller(request, self.oauth, token)
-            else:  # toolrelay's own tokens: as before, nothing more on their path
-                caller = agent_only(await self._authenticate(request))
             if scope.get("method") == "POST":
                 body, receive = await _buffered(receive)
-                if _is_tool_call(body):
-                    self._limit(caller)
+                calls = _tool_calls(body)
+            if self.oauth is not None and token is not None and self.oauth.handles(token):
+                caller = await self._oauth_caller(request, self.oauth, token)
+            else:  # toolrelay's own tokens: a lone call checks a remembered one itself
+                caller = agent_only(await self._authenticate(request, deferred=calls[1]))
+            if calls[0]:
+                self._limit(caller)
         except ToolrelayError as exc:
             response = toolrelay_error_response(exc)
             if isinstance(exc, Unauthenticated):  # MCP's authorization: say where to look
@@ -169,12 +172,15 @@ class McpEndpoint:
         scope["auth"] = AuthCredentials([])
         await self.manager.handle_request(scope, receive, send)
 
-    async def _authenticate(self, request: Request) -> Caller:
+    async def _authenticate(self, request: Request, deferred: bool) -> Caller:
         """As /v1 does, but a valid token spends no rate token here: only tool calls do
         (``_limit``), not initialize, tools/list, notifications or the SSE stream. Failed
-        attempts are still limited per client address."""
+        attempts are still limited per client address. ``deferred``: a remembered token
+        is left to the call's transaction to check (migration 0039)."""
         with failures_limited(request, self.context):
-            return await self.context.authenticator.authenticate_async(presented(_bearer(request)))
+            return await self.context.authenticator.authenticate_async(
+                presented(_bearer(request)), deferred=deferred
+            )
 
     async def _oauth_caller(self, request: Request, oauth: ResourceServer, token: str) -> Caller:
         """The agent bound to the identity a validated access token names. A token that does
@@ -246,14 +252,20 @@ async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
     return body, replay
 
 
-def _is_tool_call(body: bytes) -> bool:
-    """Whether a POSTed JSON-RPC message (or batch) holds a tools/call."""
+def _tool_calls(body: bytes) -> tuple[bool, bool]:
+    """Whether a POSTed JSON-RPC message (or batch) holds a tools/call, and whether it is
+    one tools/call alone that makes a call (not the status tool's read): the only request
+    whose token may be checked by its call."""
     try:
         message = json.loads(body)
     except ValueError:
-        return False  # the SDK answers a parse error
+        return False, False  # the SDK answers a parse error
     messages = message if isinstance(message, list) else [message]
-    return any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)
+    holds = any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)
+    params = message.get("params") if isinstance(message, dict) else None
+    name = params.get("name") if isinstance(params, dict) else None
+    alone = holds and isinstance(message, dict) and isinstance(name, str) and name != STATUS_TOOL
+    return holds, alone
 
 
 def _base_url(request: Request) -> str:

@@ -451,19 +451,33 @@ class _Handlers:
         settings: McpSettings,
         outcomes: Outcomes,
         handoff: HandOff | None = None,
+        forget: Callable[[Caller], None] | None = None,
     ) -> None:
         self.db = db
         self.caller_for = caller_for
         self.settings = settings
         self.outcomes = outcomes
         self.handoff = handoff or HandOff()
+        self.forget = forget  # a remembered token the call's check refused (migration 0039)
         self.watch = ListWatch()
 
-    async def _registry(self, ctx: ServerRequestContext[Any, Any]) -> tuple[Registry, str]:
+    async def _caller(self, ctx: ServerRequestContext[Any, Any], calling: bool = False) -> Caller:
+        """``calling``: the request makes a call, which may check an unchecked token."""
         caller = await self.caller_for(ctx)
         if caller.agent_id is None:  # the caller sources refuse owners; never act as one
             raise MCPError(INVALID_REQUEST, "MCP serves agents only")
-        return Registry(self.db, caller.owner, agent_id=caller.agent_id), str(caller.agent_id)
+        if caller.unchecked is not None and not calling:  # the door defers only calls
+            raise MCPError(INTERNAL_ERROR, "this request's token was not checked")
+        return caller
+
+    async def _registry(
+        self, ctx: ServerRequestContext[Any, Any], calling: bool = False
+    ) -> tuple[Registry, str]:
+        caller = await self._caller(ctx, calling)
+        registry = Registry(
+            self.db, caller.owner, agent_id=caller.agent_id, token_check=caller.token_check
+        )
+        return registry, str(caller.agent_id)
 
     async def list_tools(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -486,7 +500,7 @@ class _Handlers:
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        registry, agent = await self._registry(ctx)
+        registry, agent = await self._registry(ctx, calling=params.name != STATUS_TOOL)
         arguments = dict(params.arguments or {})
         if params.name == STATUS_TOOL:
             return await self._status(registry, agent, arguments)
@@ -504,6 +518,10 @@ class _Handlers:
 
         try:  # with a slot of the in-process worker, if there is one (dispatch/handoff.py)
             called = await self.handoff.make(making, lambda called: called.invocation_id)
+        except Unauthenticated as exc:  # a remembered token the call's check refused
+            if self.forget is not None:
+                self.forget(await self.caller_for(ctx))  # the next request is a 401
+            raise MCPError(INVALID_REQUEST, exc.message) from None
         except ToolrelayError as exc:  # invalid_input, the database is down, ...
             return error_result(exc.code, exc.message)
         await self.watch.seen(ctx, called.stamp)
@@ -605,12 +623,14 @@ def build_server(
     settings: McpSettings | None = None,
     outcomes: Outcomes | None = None,
     handoff: HandOff | None = None,
+    forget: Callable[[Caller], None] | None = None,
 ) -> Server[Any]:
     """The MCP server; ``caller_for`` names the agent each request acts as. ``outcomes``:
     the process's listener for finished calls (``serve`` shares the API's), else a new one;
-    ``handoff``: ``serve``'s in-process worker, which this server's calls go to directly."""
+    ``handoff``: ``serve``'s in-process worker, which this server's calls go to directly;
+    ``forget``: told of a caller whose unchecked token its call's check refused."""
     handlers = _Handlers(
-        db, caller_for, settings or McpSettings(), outcomes or Outcomes(db.url), handoff
+        db, caller_for, settings or McpSettings(), outcomes or Outcomes(db.url), handoff, forget
     )
     return _Server(
         "toolrelay",

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from uuid import UUID
 
 import anyio.to_thread
@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import Identity, Query, Row, owner_identity
-from toolrelay.db.steps import Steps, run_steps, run_steps_async
+from toolrelay.db.steps import Steps, checked_first, run_steps, run_steps_async
 from toolrelay.errors import (
     Conflict,
     InvalidArgument,
@@ -36,7 +36,9 @@ from toolrelay.registry.policies import apply_policies
 from toolrelay.registry.preview import approval_digest
 from toolrelay.registry.seen import SEEN, Seen
 from toolrelay.registry.validation import check_tool, validate_input
+from toolrelay.tokens import TOKEN_REFUSED
 
+T = TypeVar("T")
 JSON_COLUMNS = frozenset({"schema_input", "schema_output", "request_template"})
 DEFAULT_LIST_LIMIT = 50
 
@@ -191,11 +193,15 @@ class Registry:
         owner: UUID | str,
         agent_id: UUID | str | None = None,
         member_id: UUID | str | None = None,
+        token_check: Query | None = None,
     ) -> None:
         self.db = db
         self.owner = UUID(str(owner))
         self.agent_id = UUID(str(agent_id)) if agent_id is not None else None
         self.member_id = UUID(str(member_id)) if member_id is not None else None
+        # A door's caller whose token was not looked up (Caller.token_check): only calls
+        # are made with it, each checking the token first in its own transaction.
+        self.token_check = token_check
 
     @property
     def identity(self) -> Identity:
@@ -380,7 +386,7 @@ class Registry:
         """Validate the input against schema_input, then record the invocation (with the
         agent's stated ``reason``, shown to whoever decides it); ``claim``: claimed for that
         worker as it is inserted, unless it waits for approval (migration 0036)."""
-        steps = self._invoke_steps(agent, tool, input, run_id, reason, claim)
+        steps = self._checked(self._invoke_steps(agent, tool, input, run_id, reason, claim))
         try:
             with self.db.trips() as trips:
                 row = run_steps(trips, steps)
@@ -398,11 +404,16 @@ class Registry:
         claim: Claim | None = None,
     ) -> UUID:
         """``invoke`` from the event loop (the API's agent door; see ``call_async``)."""
-        steps = self._invoke_steps(agent, tool, input, run_id, reason, claim)
+        steps = self._checked(self._invoke_steps(agent, tool, input, run_id, reason, claim))
         try:
             return await self._made_async(await run_steps_async(self.db, steps))
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
+
+    def _checked(self, steps: Steps[T]) -> Steps[T]:
+        if self.token_check is None:
+            return steps
+        return checked_first(steps, self.identity, self.token_check, TOKEN_REFUSED)
 
     def _invoke_steps(
         self,
@@ -472,7 +483,7 @@ class Registry:
         denied, disabled and unknown look the same); with the stamp of the agent's tools
         either way (mcp/changes.py). One round trip when this process has read the tool
         before (registry/seen.py), else two: the lookup, then the insert."""
-        steps = self._call_steps(key, input, reason, claim)
+        steps = self._checked(self._call_steps(key, input, reason, claim))
         try:
             with self.db.trips() as trips:
                 tool, row, stamp = run_steps(trips, steps)
@@ -489,7 +500,7 @@ class Registry:
     ) -> Called:
         """``call`` from the event loop (the MCP door): its trips need no worker thread
         (db/aio.py); only a gated call's rules, when its tool has some, take one."""
-        steps = self._call_steps(key, input, reason, claim)
+        steps = self._checked(self._call_steps(key, input, reason, claim))
         try:
             tool, row, stamp = await run_steps_async(self.db, steps)
             return Called(tool, None if row is None else await self._made_async(row), stamp)
