@@ -26,7 +26,7 @@ STATEMENTS = {  # how each of the worker's statements starts (db/sql/dispatch.sq
     "mark_sent": "-- Before a write leaves",
     "finish": "-- Record outcomes",
     "adopt": "WITH claimed AS (-- The calls this process made",  # serve's hand-off
-    "heartbeat": "UPDATE agents.tool_invocations\n   SET lease_expires_at",
+    "heartbeat": "-- Extend the leases of the calls in flight",
 }
 # A value of each parameter type these statements take: a generic plan does not depend on it.
 LITERALS = {

@@ -519,11 +519,12 @@ class Worker:
         queued = self.done.enqueue((result, attempt.record(row, outcome)))
         try:
             written = await asyncio.shield(queued)
-        except (psycopg.OperationalError, psycopg.InterfaceError):
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             log.warning(
                 "could not record a result; the lease will expire and be recovered",
-                extra={"action": "record_failed", "invocation_id": str(row["id"])},
-            )
+                extra={"action": "record_failed", "invocation_id": str(row["id"]),
+                       "error": str(exc)[:200]},
+            )  # fmt: skip
             self.metrics.unrecorded += 1
             return False
         if written is None:

@@ -182,9 +182,19 @@ RETURNING i.id, i.owner, i.tool_id, i.agent_id, i.run_id, i.status, i.approval_s
 SELECT done.* FROM done, told;
 
 -- name: heartbeat
+-- Extend the leases of the calls in flight. A row locked now is skipped, not waited for:
+-- its lock is most often this worker's own finish of a batch, which, each statement holding
+-- rows the other wanted, deadlocked with this one (PostgreSQL then aborted the finish: its
+-- results were lost and its calls ran again after their leases; seen with two serve
+-- processes at 16 sessions, 2026-12-03). A row skipped is extended by the next beat, a third
+-- of a lease later, if it is still in flight.
 UPDATE agents.tool_invocations
    SET lease_expires_at = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'running'
+ WHERE id = ANY (ARRAY(
+           SELECT id FROM agents.tool_invocations
+            WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'running'
+              FOR UPDATE SKIP LOCKED))
+   AND lease_owner = %(worker)s AND status = 'running'
 RETURNING id;
 
 -- name: release
