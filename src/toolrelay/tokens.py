@@ -193,15 +193,19 @@ class TokenStore:
         """The caller a live token stands for; None when unknown, revoked or expired."""
         try:
             with self._db.trips() as trips:  # one round trip, on every request
-                [rows] = trips.run(DISPATCHER, [_lookup(token)])
+                [rows] = trips.run(DISPATCHER, [_lookup(hash_token(token))])
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
         return _caller(rows)
 
     async def lookup_async(self, token: str) -> Caller | None:
         """``lookup`` from the event loop: the doors' check, without a worker thread."""
+        return await self.lookup_hash_async(hash_token(token))
+
+    async def lookup_hash_async(self, hashed: bytes) -> Caller | None:
+        """``lookup_async`` of a token's hash (the one a door has already computed)."""
         try:
-            [rows] = await self._db.trip(DISPATCHER, [_lookup(token)])
+            [rows] = await self._db.trip(DISPATCHER, [_lookup(hashed)])
         except psycopg.Error as exc:
             raise translate_db_error(exc) from None
         return _caller(rows)
@@ -210,8 +214,8 @@ class TokenStore:
         return as_acting(self._db, who)
 
 
-def _lookup(token: str) -> Query:
-    return _AUTHENTICATE, {"hash": hash_token(token)}
+def _lookup(hashed: bytes) -> Query:
+    return _AUTHENTICATE, {"hash": hashed}
 
 
 def _caller(rows: builtins.list[Row]) -> Caller | None:
@@ -286,7 +290,20 @@ class Authenticator:
             if remembered is not None:
                 self._remembered.move_to_end(hashed)
                 return replace(remembered, unchecked=hashed)
-        found = await self.tokens.lookup_async(token)
+        return await self._looked_up(hashed)
+
+    async def looked_up(self, caller: Caller) -> Caller:
+        """``caller`` with its token looked up now if it was unchecked (before anything but
+        the call is done as it); raises Unauthenticated as a lookup does."""
+        return caller if caller.unchecked is None else await self._looked_up(caller.unchecked)
+
+    def forget(self, caller: Caller) -> None:
+        """After an unchecked caller's check failed: its token is looked up again."""
+        if caller.unchecked is not None:
+            self._remembered.pop(caller.unchecked, None)
+
+    async def _looked_up(self, hashed: bytes) -> Caller:
+        found = await self.tokens.lookup_hash_async(hashed)
         if found is None:
             self._remembered.pop(hashed, None)
         caller = _known(found)
@@ -296,11 +313,6 @@ class Authenticator:
             if len(self._remembered) > REMEMBERED_TOKENS:
                 self._remembered.popitem(last=False)
         return caller
-
-    def forget(self, caller: Caller) -> None:
-        """After an unchecked caller's check failed: its token is looked up again."""
-        if caller.unchecked is not None:
-            self._remembered.pop(caller.unchecked, None)
 
     def _not_ours(self, token: str) -> Caller:
         if token.count(".") == 2:

@@ -5,7 +5,6 @@ invocation made."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -15,18 +14,10 @@ import pytest
 
 from tests.api.conftest import Client, agent_client
 from tests.dispatch.upstream import Upstream
+from tests.registry.helpers import count_invocations
 from toolrelay.db import Database
 
 WAIT = {"wait": "10"}
-
-
-def _calls_of(db: Database, agent: uuid.UUID) -> int:
-    with psycopg.connect(db.url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM agents.tool_invocations WHERE agent_id = %s", (agent,)
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 @pytest.fixture
@@ -55,7 +46,7 @@ def _refused(response: httpx.Response) -> dict[str, Any]:
 def test_a_revoked_token_makes_no_call(bot: tuple[Client, Client], db: Database) -> None:
     owner, agent = bot
     assert agent.agent_id is not None
-    made = _calls_of(db, agent.agent_id)
+    made = count_invocations(db, owner.owner)
     token_id = next(
         t["id"] for t in owner.get("/v1/tokens").json()["items"] if t["kind"] == "agent"
     )
@@ -64,23 +55,23 @@ def test_a_revoked_token_makes_no_call(bot: tuple[Client, Client], db: Database)
     # the call's own check refuses it: no row, as when every request looked the token up
     refused = agent.post("/v1/agent/invocations", json={"tool": "echo"}, params=WAIT)
     assert "revoked" in _refused(refused)["message"]
-    assert _calls_of(db, agent.agent_id) == made
+    assert count_invocations(db, owner.owner) == made
     # and forgotten: the next request is refused by the lookup itself
     _refused(agent.get("/v1/agent/tools"))
     _refused(agent.post("/v1/agent/invocations", json={"tool": "echo"}, params=WAIT))
-    assert _calls_of(db, agent.agent_id) == made
+    assert count_invocations(db, owner.owner) == made
 
 
 def test_a_disabled_agents_token_makes_no_call(bot: tuple[Client, Client], db: Database) -> None:
-    _, agent = bot
+    owner, agent = bot
     assert agent.agent_id is not None
-    made = _calls_of(db, agent.agent_id)
+    made = count_invocations(db, owner.owner)
     with psycopg.connect(db.url) as conn:
         conn.execute(
             "UPDATE agents.agents SET status = 'disabled' WHERE id = %s", (agent.agent_id,)
         )
     _refused(agent.post("/v1/agent/invocations", json={"tool": "echo"}, params=WAIT))
-    assert _calls_of(db, agent.agent_id) == made
+    assert count_invocations(db, owner.owner) == made
 
 
 def _remembered_token(owner: Client, api: str, name: str) -> tuple[httpx.Client, str]:
@@ -96,7 +87,12 @@ def _remembered_token(owner: Client, api: str, name: str) -> tuple[httpx.Client,
 # before any trip is made (Registry's _reason), so the check makes a trip of its own.
 @pytest.mark.parametrize(
     ("body", "live_answer"),
-    [({"tool": "no.such.tool"}, 403), ({"tool": "echo", "reason": "a\x01b"}, 422)],
+    [
+        ({"tool": "no.such.tool"}, 403),
+        ({"tool": "echo", "reason": "a\x01b"}, 422),
+        # an exported name, which the door maps to a key by reading the agent's tools
+        ({"tool": "no__such_tool"}, 403),
+    ],
 )
 def test_a_refused_token_learns_nothing_of_the_call(
     body: dict[str, Any], live_answer: int, bot: tuple[Client, Client], api: str

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
+from toolrelay.db import Database
 from toolrelay.registry import Registry, ToolSpec
 
 ECHO_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}}
@@ -27,3 +29,13 @@ def agent_with_tool(registry: Registry, **fields: Any) -> tuple[str, dict[str, A
     registry.create_agent("bot")
     registry.assign("bot", tool["key"])
     return "bot", tool
+
+
+def count_invocations(db: Database, owner: UUID) -> int:
+    """How many calls ``owner``'s agents have made (each test's owner is its own)."""
+    with db.connect(autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM agents.tool_invocations WHERE owner = %s", (owner,)
+        ).fetchone()
+    assert row is not None
+    return int(row["n"])

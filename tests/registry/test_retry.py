@@ -19,7 +19,7 @@ from tests.api.conftest import settings
 from tests.api.servers import serve_app
 from tests.dispatch.conftest import LOOPBACK_ONLY, drain, upstream
 from tests.dispatch.upstream import Upstream
-from tests.registry.helpers import agent_with_tool
+from tests.registry.helpers import agent_with_tool, count_invocations
 from toolrelay import errors
 from toolrelay.api import create_app
 from toolrelay.cli import context
@@ -40,15 +40,6 @@ runner = CliRunner()
 def read_tool(registry: Registry, upstream: Upstream, **fields: Any) -> tuple[str, str]:
     agent, tool = agent_with_tool(registry, endpoint_url=f"{upstream.base_url}/echo", **fields)
     return agent, tool["key"]
-
-
-def count_invocations(db: Database, owner: UUID) -> int:
-    with db.connect(autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) AS n FROM agents.tool_invocations WHERE owner = %s", (owner,)
-        ).fetchone()
-    assert row is not None
-    return int(row["n"])
 
 
 def rejected_call(registry: Registry, upstream: Upstream) -> UUID:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from toolrelay.api import schemas as s
-from toolrelay.api.auth import agent_caller, calling_agent, failures_limited, looked_up
+from toolrelay.api.auth import agent_caller, calling_agent, failures_limited
 from toolrelay.api.context import ApiContext, request_context
 from toolrelay.api.errors import BODY, SPLIT, error_responses
 from toolrelay.api.paths import Wait, wait_for_invocation
@@ -77,20 +77,20 @@ async def invoke(
     response: Response,
     wait: Wait = 0,
 ) -> s.InvocationOut:
-    if may_be_exported(body.tool):  # its lookup of the agent's tools reads as the agent
-        caller = await looked_up(request, context, caller)
-    registry = context.registry(caller)
-    mark = context.outcomes.mark()  # before the call: its first read may be skipped
-    # with a slot of the in-process worker, if there is one (dispatch/handoff.py)
     with failures_limited(request, context):
-        try:
+        if may_be_exported(body.tool):  # its lookup of the agent's tools reads as the agent
+            caller = await context.authenticator.looked_up(caller)
+        registry = context.registry(caller)
+        mark = context.outcomes.mark()  # before the call: its first read may be skipped
+        try:  # with a slot of the in-process worker, if there is one (dispatch/handoff.py)
             invocation_id = await context.handoff.make(
                 partial(_invoke, registry, _me(caller), body), lambda made: made
             )
         except Unauthenticated:  # the token, remembered, was refused by the call's check
             context.authenticator.forget(caller)
             raise
-    registry = context.registry(caller := caller.checked())
+    caller = caller.checked()  # the call's transaction checked it
+    registry = context.registry(caller)
     response.headers["Location"] = f"/v1/agent/invocations/{invocation_id}"
     # One request instead of POST + GET ?wait: settled once finished or awaiting approval
     # (GET ?wait waits on the decision).

@@ -98,12 +98,3 @@ async def calling_agent(
     token = credentials.credentials if credentials else None
     caller = await authenticate_async(request, context, token, deferred=True)
     return await agent_caller(caller)
-
-
-async def looked_up(request: Request, context: ApiContext, caller: Caller) -> Caller:
-    """``caller`` with its token looked up, if it was left unchecked (``calling_agent``):
-    before anything but the call is done as it."""
-    if caller.unchecked is None:
-        return caller
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return await authenticate_async(request, context, token if scheme.lower() == "bearer" else None)

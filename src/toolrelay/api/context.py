@@ -83,9 +83,9 @@ class ApiContext:
 
     def registry(self, caller: Caller) -> Registry:
         """The caller's view: every transaction runs as the owner, with the agent's or the
-        member's claims. A caller whose token is unchecked (Caller.unchecked) may only
-        call: its registry checks the token in each call's transaction (migration 0039),
-        and nothing else may be done with it."""
+        member's claims. A caller whose token is unchecked (Caller.unchecked) gets a
+        registry whose calls check the token in their own transaction (migration 0039);
+        its door does nothing else with it before that check (agent_routes.invoke)."""
         return Registry(
             self.db, caller.owner, agent_id=caller.agent_id, member_id=caller.member_id,
             token_check=caller.token_check,

@@ -8,8 +8,7 @@ thread), ``run_steps_async`` on ``Database.trip`` (the event loop, db/aio.py). S
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from functools import partial
+from collections.abc import Generator, Sequence
 from typing import TypeVar
 
 import psycopg
@@ -75,23 +74,19 @@ def checked_first(steps: Steps[T], identity: Identity, check: Query, refused: st
     except Exception:
         yield identity, [check], True
         raise
-    step: Callable[[], Trip]
+    rows, error = None, None
     try:
-        rows = yield who, [check, *queries], retry
+        rows = (yield who, [check, *queries], retry)[1:]
     except psycopg.Error as exc:
         if exc.sqlstate == refused:
             raise
-        step = partial(steps.throw, exc)
-    else:
-        step = partial(steps.send, rows[1:])
-    while True:
-        try:
-            trip = step()
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        error = exc
+    trip, value = _next(steps, rows, error)
+    while trip is not None:  # the rest as run_steps runs them
+        rows, error = None, None
         try:
             rows = yield trip
         except psycopg.Error as exc:
-            step = partial(steps.throw, exc)
-        else:
-            step = partial(steps.send, rows)
+            error = exc
+        trip, value = _next(steps, rows, error)
+    return value

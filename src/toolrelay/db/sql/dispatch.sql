@@ -194,7 +194,6 @@ UPDATE agents.tool_invocations
            SELECT id FROM agents.tool_invocations
             WHERE id = ANY(%(ids)s) AND lease_owner = %(worker)s AND status = 'running'
               FOR UPDATE SKIP LOCKED))
-   AND lease_owner = %(worker)s AND status = 'running'
 RETURNING id;
 
 -- name: release
