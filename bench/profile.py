@@ -124,6 +124,7 @@ def py_spy() -> str | None:
 
 
 def run(ctx: Context, n: int, out_dir: Path, stamp: str) -> ProfileResult:
+    out_dir.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no bench/out yet
     spy = py_spy()
     if spy is not None:
         path = out_dir / f"profile-{stamp}.pyspy.txt"
