@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.pgtest import migrated_database, server_url
@@ -33,6 +34,16 @@ def database_url(admin_url: str) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def db(database_url: str) -> Database:
     return Database(database_url)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_runnable_call_outlives_its_module(database_url: str) -> Iterator[None]:
+    """What a module's tests left runnable goes with the module: the next worker on this
+    database (a test's drain, serve's own worker) would send it to upstreams long stopped
+    and wait out its retries (20-60 s of the suite each time, before this)."""
+    yield
+    with psycopg.connect(database_url, autocommit=True) as conn:  # the server's superuser
+        conn.execute("DELETE FROM agents.tool_invocations WHERE status = 'running'")
 
 
 @pytest.fixture
