@@ -2,13 +2,13 @@
 [--quick]`` (bench/RESULTS.md, "PostgreSQL's own rate").
 
 bench/invoke.py drives its invokers from Python threads in the harness, whose CPU (0.2 to 0.6
-of this machine's 2 cores) competes with the server it measures. Here pgbench (C, ~5 % of a
-core) sends the same one-round-trip strings the real code sends (captured as in
+of this machine's 2 cores) competes with the server it measures. Here pgbench (C: 10 to 40 µs
+of CPU a transaction, reported apart) sends the same one-round-trip strings the real code sends (captured as in
 bench/instructions.py: BEGIN, the identity, the statement, COMMIT), from 8 and from 32
 connections, ROUNDS alternating rounds, with migration 0016's protocol on (calls notify only
 while a worker sleeps: what a busy fleet sees) and, for the owner's invoke, with every call
 notifying. Two floors made on the same server in the same run: an empty transaction and a
-durable one-row INSERT into a table of one index, and one diagnostic: the owner's invoke
+durable one-row INSERT into a table of one column, and one diagnostic: the owner's invoke
 with ``synchronous_commit = off`` (what the WAL flush at each commit costs; never shipped).
 Counted per row: transactions per second (median of the rounds, and each round), the whole
 machine's CPU per transaction, and pgbench's own.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import statistics
@@ -31,7 +30,7 @@ from psycopg import conninfo
 
 from bench.constants import OUT_DIR
 from bench.instructions import capture
-from bench.procs import cpu_sample
+from bench.procs import CLOCK_TICKS, cpu_sample
 from bench.setup import admin, scratch_server
 from bench.tables import md_table, print_table
 
@@ -81,11 +80,10 @@ def pgbench(url: str, sql: str, clients: int, seconds: int, work: Path) -> dict[
     if done.returncode or "number of failed transactions: 0" not in done.stdout:
         raise RuntimeError(f"pgbench failed: {done.stdout[-800:]}{done.stderr[-800:]}")
     count = int(next(ln for ln in done.stdout.splitlines() if "processed:" in ln).split()[-1])
-    tick = os.sysconf("SC_CLK_TCK")
     client = used.ru_utime + used.ru_stime - own.ru_utime - own.ru_stime
     return {
         "tps": count / seconds,
-        "machine_us": (after.busy - before.busy) / tick / count * 1e6,
+        "machine_us": (after.busy - before.busy) / CLOCK_TICKS / count * 1e6,
         "pgbench_us": client / count * 1e6,
     }
 
@@ -95,7 +93,6 @@ def _reset(url: str, notify_all: bool) -> None:
         conn.execute("TRUNCATE agents.tool_invocations CASCADE")
         conn.execute("UPDATE agents.dispatch_wake SET sleepers_only = %s", (not notify_all,))
         conn.execute("DELETE FROM agents.dispatch_sleepers")
-        conn.execute("CREATE TABLE IF NOT EXISTS public.pg_rate_floor (n int)")
         conn.execute("TRUNCATE public.pg_rate_floor")
 
 
@@ -104,15 +101,15 @@ def main(quick: bool) -> list[dict[str, Any]]:
         print("skipped: pgbench is not installed (Debian's postgresql-client)")
         return []
     seconds = QUICK_SECONDS if quick else SECONDS
-    rows: list[dict[str, Any]] = []
     with scratch_server("toolrelay-pg-rate-") as server, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         name, sent = statements(server.admin_url, work)
         url = conninfo.make_conninfo(server.admin_url, dbname=name)
         server.databases.append(url)  # dropped at the end
+        with admin(url) as conn:
+            conn.execute("CREATE TABLE public.pg_rate_floor (n int)")
         cases = [(label, sql, False) for label, sql in sent.items()]
-        owner = sent[OWNER]
-        cases.insert(list(sent).index(OWNER) + 1, (f"{OWNER}, every call notifying", owner, True))
+        cases.append((f"{OWNER}, every call notifying", sent[OWNER], True))
         runs: dict[tuple[str, int], list[dict[str, float]]] = {}
         for _ in range(1 if quick else ROUNDS):
             for label, sql, notify_all in cases:
@@ -120,14 +117,14 @@ def main(quick: bool) -> list[dict[str, Any]]:
                     _reset(url, notify_all)
                     one = pgbench(url, sql, clients, seconds, work)
                     runs.setdefault((label, clients), []).append(one)
-    for (label, clients), each in runs.items():
-        rows.append({
-            "statement": label, "clients": clients,
-            "tps": statistics.median(g["tps"] for g in each),
-            "rounds": [round(g["tps"]) for g in each],
-            "machine_us": statistics.median(g["machine_us"] for g in each),
-            "pgbench_us": statistics.median(g["pgbench_us"] for g in each),
-        })  # fmt: skip
+    rows = [
+        {"statement": label, "clients": clients,
+         "tps": statistics.median(g["tps"] for g in each),
+         "rounds": [round(g["tps"]) for g in each],
+         "machine_us": statistics.median(g["machine_us"] for g in each),
+         "pgbench_us": statistics.median(g["pgbench_us"] for g in each)}
+        for (label, clients), each in runs.items()
+    ]  # fmt: skip
     report(rows)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     OUT_PATH.write_text(json.dumps(rows, indent=2))

@@ -264,8 +264,9 @@ def write_markdown(
         "`cores` columns are average CPU cores over the measured window: `sut` the system under"
         " test (worker processes, the raw client, or the procrastinate worker), `up` the"
         " upstream HTTP server, `pg` every process of the PostgreSQL server (all databases;"
-        " backends living less than 0.1 s are missed), `all` everything on the machine (2 = saturated). `CPU µs/call` is the same"
-        " per call: the cost, whatever share of the machine the run got.",
+        " backends living less than 0.1 s are missed), `all` everything on the machine"
+        " (2 = saturated). `CPU µs/call` is the same per call: the cost, whatever share of the"
+        " machine the run got.",
         "",
         f"## {TARGETS_TITLE}",
         "",
