@@ -1,17 +1,20 @@
 """The agent's path: from MCP ``tools/call`` (or API invoke + ``?wait``) to its answer.
 
-``python -m bench.agent_path [--quick] [--src DIR] [--no-peer] [--profile]``, loopback
-only, bounded (about a minute, five with the peer; ``--src``: serve another copy of src/,
-e.g. an older commit's, for a baseline in the same run; ``--profile``: py-spy on the serve
-process through each door's 16-session window, bench/agent_profile.py).
+``python -m bench.agent_path [--quick] [--src DIR] [--no-peer] [--profile] [--write]``,
+loopback only, bounded (about a minute, five with the peer; ``--src``: serve another copy of
+src/, e.g. an older commit's, for a baseline in the same run; ``--profile``: py-spy on the
+serve process through each door's 16-session window, bench/agent_profile.py; ``--write``:
+toolrelay's doors call the POST tool instead).
 
 It starts a fresh database (on DATABASE_URL's server, else an embedded one), the echo
 upstream (bench/upstream.py), and the app as ``toolrelay serve`` builds it, with its
 in-process worker, in a child process (``python -m bench.agent_path serve``: the same
 ``create_app`` and h11 protocol, with the per-token rate limit raised, since 20/s per token
-would cap 16 sessions at 320 calls/s). The tool is setup.py's: ungated (read_only), POST
-with an api_key credential. Then for each door (the official MCP SDK client over
-streamable HTTP; the API with aiohttp):
+would cap 16 sessions at 320 calls/s). The tool is setup.py's read tool, as the issue's
+workload (issue 14: a read-only GET): ungated, GET with an api_key credential. A POST is
+sent at most once, so the worker marks it sent first: one durable trip more (``--write``;
+bench/RESULTS.md, Agent path, session 13). Then for each door (the official MCP SDK client
+over streamable HTTP; the API with aiohttp):
 
 - c=1: ``CALLS`` calls one after another (after a warm-up) -> p50 / p99 in ms;
 - ``SESSIONS`` sessions, each with its own agent and token, for ``SECONDS`` s -> calls/s,
@@ -50,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import agent_profile, contextforge
-from bench.constants import OUT_DIR, TOOL_KEY
+from bench.constants import OUT_DIR, READ_TOOL_KEY, TOOL_KEY
 from bench.procs import (
     Child,
     CpuGroups,
@@ -131,7 +134,11 @@ def check_answer(content: list[Any]) -> None:
 
 
 async def with_session(
-    door: str, base: str, token: str, body: Callable[[Call], Awaitable[Any]], tool: str = TOOL_KEY
+    door: str,
+    base: str,
+    token: str,
+    body: Callable[[Call], Awaitable[Any]],
+    tool: str = READ_TOOL_KEY,
 ) -> Any:
     """Open one agent session on ``door`` and give ``body`` its one-call function."""
     if door == "mcp":
@@ -155,7 +162,7 @@ async def with_session(
     async with aiohttp.ClientSession(base, headers=headers) as api:
 
         async def api_call(n: int) -> None:
-            body_, wait = {"tool": TOOL_KEY, "input": {"n": n}}, {"wait": str(WAIT_S)}
+            body_, wait = {"tool": tool, "input": {"n": n}}, {"wait": str(WAIT_S)}
             # One request (POST ?wait); a server that ignores ?wait answers at once, and
             # the GET ?wait below waits instead (the baseline's path).
             async with api.post("/v1/agent/invocations", json=body_, params=wait) as resp:
@@ -171,7 +178,7 @@ async def with_session(
 
 
 async def sequential(
-    door: str, base: str, token: str, calls: int, warmup: int, tool: str = TOOL_KEY
+    door: str, base: str, token: str, calls: int, warmup: int, tool: str = READ_TOOL_KEY
 ) -> list[float]:
     async def body(call: Call) -> list[float]:
         for n in range(warmup):
@@ -188,7 +195,7 @@ async def sequential(
 
 
 def sessions_in_process(
-    door: str, base: str, tokens: list[str], start: float, seconds: float, tool: str = TOOL_KEY
+    door: str, base: str, tokens: list[str], start: float, seconds: float, tool: str = READ_TOOL_KEY
 ) -> tuple[int, float]:
     """One client process: its sessions call back to back in [start, start + seconds).
     Returns the calls made and when its last session was ready (opened and warm)."""
@@ -227,7 +234,7 @@ def backends(url: str) -> Callable[[], list[int]]:
 
 
 def phase(
-    door: str, base: str, tokens: list[str], cpu: CpuGroups, sizes: Sizes, tool: str = TOOL_KEY,
+    door: str, base: str, tokens: list[str], cpu: CpuGroups, sizes: Sizes, tool: str = READ_TOOL_KEY,
     lead: float = START_LEAD_S, profile: tuple[int, Path] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """``profile``: (pid, path): py-spy on that process through the 16-session window."""
@@ -342,7 +349,7 @@ def reason(exc: BaseException) -> str:
 
 def peer_group(
     upstream_url: str, scratch: Path, base: str, tokens: list[str], cpu: CpuGroups,
-    sizes: Sizes, rounds: int,
+    sizes: Sizes, rounds: int, tool: str = READ_TOOL_KEY,
 ) -> dict[str, Any]:  # fmt: skip
     """toolrelay's MCP door and ContextForge's in alternating rounds; medians and the goal."""
     out: dict[str, Any] = {"name": f"{contextforge.NAME} (MCP)", "load_before": loadavg()}
@@ -353,7 +360,7 @@ def peer_group(
             tree = CpuGroups(serve=ServerProcesses(peer.pid), postgres=list)  # SQLite: in-process
             for _ in range(rounds):
                 system = "toolrelay"
-                runs[system].append(phase("mcp", base, tokens, cpu, sizes))
+                runs[system].append(phase("mcp", base, tokens, cpu, sizes, tool))
                 system = "contextforge"
                 runs[system].append(
                     phase("mcp", peer.base, peer.tokens, tree, sizes, peer.tool, PEER_LEAD_S)
@@ -416,14 +423,16 @@ def agent_tokens(url: str, owner: Any, agent_id: Any, count: int) -> list[str]:
     made = [tokens.create(owner, agent_id, name="c1")[1]]
     for i in range(count):
         agent = registry.create_agent(f"session-{i}")
-        registry.assign(f"session-{i}", TOOL_KEY)
+        for key in (READ_TOOL_KEY, TOOL_KEY):
+            registry.assign(f"session-{i}", key)
         made.append(tokens.create(owner, agent, name=f"session-{i}")[1])
     return made
 
 
 def main(
-    quick: bool, src: str | None = None, peer: bool = True, profile: bool = False
-) -> dict[str, Any]:
+    quick: bool, src: str | None = None, peer: bool = True, profile: bool = False,
+    tool: str = READ_TOOL_KEY,
+) -> dict[str, Any]:  # fmt: skip
     sizes: Sizes = QUICK if quick else (CALLS, WARMUP, SESSIONS, SECONDS, CLIENT_PROCESSES)
     with scratch_server("toolrelay-agent-path-") as pg:
         scratch, url = pg.scratch, pg.database("agentpath")
@@ -442,11 +451,11 @@ def main(
             cpu = CpuGroups(serve=lambda: [serve_pid], postgres=backends(url))
             results: dict[str, Any] = {
                 "load_before": loadavg(), "postgres": pg.source, "sizes": sizes,
-                "src": src or "src/",
+                "src": src or "src/", "tool": tool,
             }  # fmt: skip
             OUT_DIR.mkdir(exist_ok=True)
             doors = {
-                door: phase(door, base, tokens, cpu, sizes, profile=(
+                door: phase(door, base, tokens, cpu, sizes, tool, profile=(
                     (serve_pid, OUT_DIR / f"agent-path-{door}.pyspy.txt") if profile else None))
                 for door in ("mcp", "api")
             }  # fmt: skip
@@ -456,7 +465,7 @@ def main(
             if peer:
                 rounds = QUICK_PEER_ROUNDS if quick else PEER_ROUNDS
                 results["peer"] = peer_group(
-                    upstream.url, scratch, base, tokens, cpu, sizes, rounds
+                    upstream.url, scratch, base, tokens, cpu, sizes, rounds, tool
                 )
             results["load_after"] = loadavg()
             results["goals"] = GOALS
@@ -473,7 +482,8 @@ if __name__ == "__main__":
     else:
         args = sys.argv[1:]
         source = args[args.index("--src") + 1] if "--src" in args else None
-        out = main("--quick" in args, source, "--no-peer" not in args, "--profile" in args)
+        tool = TOOL_KEY if "--write" in args else READ_TOOL_KEY
+        out = main("--quick" in args, source, "--no-peer" not in args, "--profile" in args, tool)
         print_table(out)
         print_profiles(out)
         if "peer" in out:

@@ -17,7 +17,9 @@ API_KEY_PREFIX = "Bearer "
 API_KEY_SECRET = "sk-bench-0123456789abcdef0123456789abcdef"  # a dummy, loopback only
 UPSTREAM_PATH = "/call"
 UPSTREAM_HOST = "127.0.0.1"
-TOOL_KEY = "bench.post"
+TOOL_KEY = "bench.post"  # the dispatcher phases' tool: a POST, so each call is marked sent
+# The agent path's: a read-only GET (issue 14, goal 1), the same upstream and credential.
+READ_TOOL_KEY = "bench.get"
 AGENT_NAME = "bench-agent"
 
 

@@ -16,8 +16,8 @@ What it costs per call: c=1 p50/p99, 16 sessions' calls/s, its process's CPU per
   PATH, HOME (the scratch directory), ``SETTINGS`` below, and fresh random secrets (it
   refuses a default or weak JWT key).
 - Register, as its platform admin (a JWT from its own ``mcpgateway.utils.create_jwt_token``,
-  the way its docs mint a test token): a REST tool POSTing ``{"n": ...}`` to the upstream
-  with the same ``X-Api-Key`` header (stored encrypted, as its ``authheaders`` auth), marked
+  the way its docs mint a test token): a REST tool that GETs the upstream with ``n`` in the
+  query, as toolrelay's read tool does, with the same ``X-Api-Key`` header (stored encrypted, as its ``authheaders`` auth), marked
   read-only; a virtual server exposing it, whose MCP door is ``/servers/<id>/mcp``; one API
   token per session (``POST /tokens``: stored, checked per request, as toolrelay's are).
 """
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.constants import API_KEY_HEADER, API_KEY_PREFIX, API_KEY_SECRET, TOOL_KEY
+from bench.constants import API_KEY_HEADER, API_KEY_PREFIX, API_KEY_SECRET, READ_TOOL_KEY
 from bench.procs import Child, free_port, wait_http
 
 VERSION = "1.0.7"
@@ -131,8 +131,8 @@ def _admin_token(secret: str, scratch: Path) -> str:
 def _register(pid: int, url: str, admin: str, upstream_url: str, sessions: int) -> Peer:
     """The tool, the virtual server exposing it, one API token per session."""
     tool = _request(f"{url}/tools", admin, {"tool": {
-        "name": TOOL_KEY, "description": "Benchmark POST", "url": upstream_url,
-        "integration_type": "REST", "request_type": "POST",
+        "name": READ_TOOL_KEY, "description": "Benchmark GET", "url": upstream_url,
+        "integration_type": "REST", "request_type": "GET",
         "input_schema": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}},
                          "required": ["n"]},
         "annotations": {"readOnlyHint": True},
@@ -150,7 +150,7 @@ def _register(pid: int, url: str, admin: str, upstream_url: str, sessions: int) 
         ]
         for i in range(sessions)
     ]
-    # its MCP name is a slug of ours: bench.post -> bench-post
+    # its MCP name is a slug of ours: bench.get -> bench-get
     return Peer(pid, f"{url}/servers/{server['id']}", tokens, str(tool["name"]))
 
 

@@ -35,6 +35,7 @@ from bench.constants import (
     DB_PREFIX,
     ENQUEUE_CHUNK,
     PROCESS_START_TIMEOUT_S,
+    READ_TOOL_KEY,
     TOOL_KEY,
     WORKER_READY_POLL_S,
 )
@@ -183,7 +184,8 @@ def server_version(url: str) -> str:
 
 @dataclass(frozen=True)
 class Fixture:
-    """One owner, one agent, one ungated POST tool with an api_key credential."""
+    """One owner, one agent, one ungated POST tool with an api_key credential, and its GET
+    twin (``READ_TOOL_KEY``: the same upstream and credential, ``n`` in the query)."""
 
     url: str
     owner: UUID
@@ -220,8 +222,24 @@ def provision(url: str, upstream_url: str) -> Fixture:
             auth_param_prefix=API_KEY_PREFIX,
         )
     )
+    registry.register_tool(
+        ToolSpec(
+            key=READ_TOOL_KEY,
+            name="Benchmark GET",
+            endpoint_url=upstream_url,
+            http_method="GET",
+            egress_class="read_only",
+            schema_input=INPUT_SCHEMA,
+            request_template={"query": {"n": "{{input.n}}"}},
+            auth_method="api_key",
+            credential_ref=cred,
+            auth_param_name=API_KEY_HEADER,
+            auth_param_prefix=API_KEY_PREFIX,
+        )
+    )
     agent_id = registry.create_agent(AGENT_NAME)
     registry.assign(AGENT_NAME, TOOL_KEY)
+    registry.assign(AGENT_NAME, READ_TOOL_KEY)
     return Fixture(url, owner, agent_id, UUID(str(tool["id"])), master_key)
 
 

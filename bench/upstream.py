@@ -76,6 +76,7 @@ async def serve() -> None:
     app.router.add_get(STATS_PATH, record.stats)
     app.router.add_post(RESET_PATH, record.reset)
     app.router.add_post(UPSTREAM_PATH, record.call)
+    app.router.add_get(UPSTREAM_PATH, record.call)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, UPSTREAM_HOST, 0, backlog=1024)
