@@ -1,7 +1,7 @@
 """An agent token serve has seen is not looked up again for a call: the call's own
 transaction checks it (migration 0039). Whatever ends the token between two calls (its
-revocation, its agent disabled) must stop the next call as the lookup did: a 401, and no
-invocation made."""
+revocation, its expiry, its agent disabled) must stop the next call as the lookup did: a
+401, and no invocation made."""
 
 from __future__ import annotations
 
@@ -70,6 +70,23 @@ def test_a_disabled_agents_token_makes_no_call(bot: tuple[Client, Client], db: D
         conn.execute(
             "UPDATE agents.agents SET status = 'disabled' WHERE id = %s", (agent.agent_id,)
         )
+    _refused(agent.post("/v1/agent/invocations", json={"tool": "echo"}, params=WAIT))
+    assert count_invocations(db, owner.owner) == made
+
+
+def test_an_expired_token_makes_no_call(bot: tuple[Client, Client], db: Database) -> None:
+    """A token that expires between two calls: nothing but the clock changed, so only the
+    check's own ``expires_at > now()`` can refuse it."""
+    owner, agent = bot
+    assert agent.agent_id is not None
+    made = count_invocations(db, owner.owner)
+    with psycopg.connect(db.url) as conn:
+        expired = conn.execute(
+            "UPDATE agents.api_tokens SET expires_at = now() - interval '1 second'"
+            " WHERE agent_id = %s",
+            (agent.agent_id,),
+        ).rowcount
+    assert expired == 1
     _refused(agent.post("/v1/agent/invocations", json={"tool": "echo"}, params=WAIT))
     assert count_invocations(db, owner.owner) == made
 
