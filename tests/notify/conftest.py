@@ -22,6 +22,7 @@ from tests.pgtest import create_database, drop_database
 from toolrelay.credentials import Keyring, MasterKey
 from toolrelay.db import Database, migrate
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
+from toolrelay.dispatch.http import outbound_session
 from toolrelay.dispatch.store import open_pool
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.notify import Deliverer, Webhooks
@@ -84,12 +85,14 @@ class Received:
 @dataclass
 class Receiver:
     """Records every request; ``statuses[path]`` lists the answers to give in turn (the last
-    one repeats; default 200). ``secrets[path]`` verifies each delivery on arrival."""
+    one repeats; default 200). ``secrets[path]`` verifies each delivery on arrival;
+    ``cookies[path]`` (name, value) is set on every answer there."""
 
     base_url: str = ""
     received: list[Received] = field(default_factory=list)
     statuses: dict[str, list[int]] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
+    cookies: dict[str, tuple[str, str]] = field(default_factory=dict)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -103,7 +106,10 @@ class Receiver:
         answers = self.statuses.get(request.path) or [200]
         status = answers.pop(0) if len(answers) > 1 else answers[0]
         where = {"Location": "/elsewhere"} if 300 <= status < 400 else None
-        return web.json_response({"ok": status < 300}, status=status, headers=where)
+        response = web.json_response({"ok": status < 300}, status=status, headers=where)
+        if request.path in self.cookies:
+            response.set_cookie(*self.cookies[request.path], path="/")
+        return response
 
     def at(self, path: str) -> list[Received]:
         return [r for r in self.received if r.path == path]
@@ -160,7 +166,7 @@ async def deliver(notify_url: str, keyring: Keyring) -> AsyncIterator[Driver]:
     pool = open_pool(notify_url, max_size=2)
     await pool.open(wait=True)
     connector = make_connector(LOOPBACK_ONLY)
-    async with aiohttp.ClientSession(connector=connector, trace_configs=[trace]) as session:
+    async with outbound_session(connector, trace_configs=[trace]) as session:  # serve's
         yield Driver(Deliverer(pool, keyring, LOOPBACK_ONLY, session, public_url=PUBLIC_URL),
                      traced)  # fmt: skip
     await pool.close()

@@ -310,3 +310,23 @@ async def test_a_broken_row_fails_alone_and_the_batch_goes_on(
     assert by_error[None]["delivered_at"] is not None
     assert len(receiver.at("/hook")) == 1
     owner.webhooks.remove(sub["id"])  # the broken row's retry is no later test's business
+
+
+async def test_a_cookie_a_receiver_sets_goes_out_with_no_later_delivery(
+    make_owner: Callable[[], SimpleNamespace], receiver: Receiver, deliver: Driver
+) -> None:
+    """One session delivers every owner's webhooks: a receiver's Set-Cookie must not come
+    back with the next delivery to that host, this owner's or another's."""
+    receiver.cookies["/hook"] = ("sid", "receiver-session")
+    by_name = receiver.base_url.replace("127.0.0.1", "localhost")  # no jar keeps an IP's
+    first, second = make_owner(), make_owner()
+    for owner, path in ((first, "/hook"), (second, "/other")):
+        _, receiver.secrets[path] = owner.webhooks.add(
+            f"{by_name}{path}", ["invocation.pending"], "standard"
+        )
+        owner.registry.invoke("bot", tool_for(owner, receiver, gated=True), {})
+    assert await deliver.once() == 2
+    first.registry.invoke("bot", "crm.lookup", {})
+    assert await deliver.once() == 1
+    assert [r.path for r in receiver.received].count("/hook") == 2
+    assert [r.headers.get("Cookie") for r in receiver.received] == [None] * 3

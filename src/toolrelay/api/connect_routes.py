@@ -19,7 +19,6 @@ from typing import Annotated, Final
 from urllib.parse import urlsplit
 from uuid import UUID
 
-import aiohttp
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,6 +31,7 @@ from toolrelay.api.errors import BODY, SPLIT, error_responses
 from toolrelay.credentials import connect as flow
 from toolrelay.credentials.connect_flows import FLOW_TTL_S, ConnectFlows, FlowRow
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
+from toolrelay.dispatch.http import outbound_session
 from toolrelay.errors import InvalidArgument, PermissionDenied, ToolrelayError
 from toolrelay.notify import public_url
 from toolrelay.tokens import Caller
@@ -132,7 +132,7 @@ async def review(flow_id: UUID, request: Request, context: Ctx) -> Response:
     try:
         _, row = await run_in_threadpool(_mine, context, request, flow_id)
         connection = await run_in_threadpool(_flows(context).connection, row)
-        async with aiohttp.ClientSession(connector=make_connector(_egress(context))) as http:
+        async with outbound_session(make_connector(_egress(context))) as http:
             found = await flow.endpoints(http, connection)
     except ToolrelayError as exc:
         return await run_in_threadpool(_problem, context, request, exc)
@@ -158,7 +158,7 @@ async def go(
         _, row = await run_in_threadpool(_mine, context, request, flow_id)
         flows = _flows(context)
         connection = await run_in_threadpool(flows.connection, row)
-        async with aiohttp.ClientSession(connector=make_connector(_egress(context))) as http:
+        async with outbound_session(make_connector(_egress(context))) as http:
             started = await flow.start(http, connection, _base(request) + CALLBACK_PATH)
         await run_in_threadpool(flows.continued, row, started)
     except ToolrelayError as exc:
@@ -213,7 +213,7 @@ async def _finish(
     connection = await run_in_threadpool(flows.connection, row)
     assert row.nonce and row.code_verifier and row.redirect_uri
     started = flow.Started("", state, row.nonce, row.code_verifier, row.redirect_uri)
-    async with aiohttp.ClientSession(connector=make_connector(_egress(context))) as http:
+    async with outbound_session(make_connector(_egress(context))) as http:
         secret = await flow.exchange(http, connection, started, code)
     return await run_in_threadpool(flows.store, row, secret), row
 

@@ -9,7 +9,6 @@ import sys
 import webbrowser
 from uuid import UUID
 
-import aiohttp
 import typer
 
 from toolrelay.cli.context import acting, database, err_console, fail
@@ -17,6 +16,7 @@ from toolrelay.credentials import connect as flow
 from toolrelay.credentials.connect_flows import ConnectFlows, record_connection
 from toolrelay.credentials.store import CredentialStore
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
+from toolrelay.dispatch.http import outbound_session
 from toolrelay.errors import InvalidArgument, ToolrelayError
 from toolrelay.signin import loopback
 from toolrelay.tokens import Caller
@@ -106,7 +106,7 @@ def _first_line(text: str) -> str | None:
 
 async def _run(connection: flow.Connection, open_browser: bool, timeout: float) -> str:
     connector = make_connector(EgressPolicy.from_env())
-    async with aiohttp.ClientSession(connector=connector) as http:
+    async with outbound_session(connector) as http:
         started: list[flow.Started] = []
 
         async def begin(redirect: str) -> tuple[str, str]:

@@ -73,6 +73,23 @@ class SendFailure(Exception):
         return self.message
 
 
+def outbound_session(connector: aiohttp.BaseConnector, **kwargs: Any) -> aiohttp.ClientSession:
+    """A session for requests through the egress guard: a worker's calls and its webhook
+    deliveries share one for every owner; a connect flow has its own.
+
+    No cookie jar: a cookie one upstream set would go out with the next request to that
+    host, whoever makes it (another owner's call acting in the first one's session there),
+    and as a header the request rendered, approved and recorded did not have. No silent
+    second send: aiohttp re-sends a GET, PUT or DELETE once when a kept-alive connection
+    resets, and every send must be an attempt that is counted and recorded.
+    """
+    session = aiohttp.ClientSession(
+        connector=connector, cookie_jar=aiohttp.DummyCookieJar(), **kwargs
+    )
+    session._retry_connection = False
+    return session
+
+
 async def send(session: aiohttp.ClientSession, policy: EgressPolicy, spec: SendSpec) -> Response:
     """Send, following redirects only for reads, each hop re-checked by the guard."""
     started = time.monotonic()

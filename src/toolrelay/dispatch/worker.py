@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-import aiohttp
 import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -39,6 +38,7 @@ from toolrelay.db.queries import load
 from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
 from toolrelay.dispatch.executor import Attempt, Executor, precheck
+from toolrelay.dispatch.http import outbound_session
 from toolrelay.dispatch.metrics import Counts, Metrics, serve_metrics
 from toolrelay.dispatch.outcome import Outcome
 from toolrelay.dispatch.policy import is_idempotent
@@ -190,10 +190,7 @@ class Worker:
             metrics_runner = await serve_metrics(
                 self.metrics, "127.0.0.1", self.settings.metrics_port
             )
-        async with aiohttp.ClientSession(connector=connector) as session:
-            # aiohttp silently re-sends GET/PUT/DELETE once when a kept-alive connection
-            # resets; every send must be an attempt we count and record, so turn that off.
-            session._retry_connection = False
+        async with outbound_session(connector) as session:
             self.executor = Executor(session, self.egress, self._resolve, self._before_send)
             self._adopting = Batcher(self._flush_adopted)
             self._registering = asyncio.create_task(self._registration())

@@ -34,7 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from toolrelay.credentials import Keyring
 from toolrelay.db.queries import load
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
-from toolrelay.dispatch.http import SendFailure, SendSpec, send
+from toolrelay.dispatch.http import SendFailure, SendSpec, outbound_session, send
 from toolrelay.dispatch.metrics import family
 from toolrelay.errors import ConfigurationError, EgressBlocked, ToolrelayError
 from toolrelay.notify import payloads
@@ -303,8 +303,7 @@ async def run_in_worker(worker: Worker) -> None:
                     extra={"action": "webhook_config"})  # fmt: skip
         base = None
     connector = make_connector(worker.egress, limit=DELIVERY_BATCH)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        session._retry_connection = False  # one attempt is one request, as for tool calls
+    async with outbound_session(connector) as session:  # as tool calls: no cookies, one send
         deliverer = Deliverer(
             worker.store.pool, worker.keyring, worker.egress, session, public_url=base
         )
