@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -158,6 +160,35 @@ async def test_oversized_response_hits_the_size_cap(
     await drain()
     inv = registry.get_invocation(inv_id)
     assert (inv["status"], inv["error_code"]) == ("failed", "response_too_large")
+
+
+async def test_a_compressed_response_is_capped_at_its_decompressed_size(
+    registry: Registry, upstream: Upstream, drain: Drain
+) -> None:
+    """A gzip body of ~250 KB that inflates to 256 MB: its Content-Length is far under the
+    cap, so only counting what decompression yields stops it, and only reading it in pieces
+    keeps the worker's memory near the cap (5 MB) rather than the bomb's size."""
+    inflated = 256 * 1024 * 1024
+    packed = gzip.compress(b'{"x": "' + b"a" * inflated + b'"}', compresslevel=9)
+
+    async def bomb(_request: web.Request, _hit: int) -> web.Response:
+        headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        return web.Response(body=packed, headers=headers)
+
+    upstream.routes["/bomb"] = bomb
+    agent, tool = agent_with_tool(registry, **tool_at(upstream, "/bomb"))
+    registry.update_tool(tool["key"], {"max_attempts": 1})
+    assert len(packed) < tool["max_response_bytes"] < inflated
+    inv_id = registry.invoke(agent, tool["key"], {})
+    tracemalloc.start()
+    try:
+        await drain()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    inv = registry.get_invocation(inv_id)
+    assert (inv["status"], inv["error_code"]) == ("failed", "response_too_large")
+    assert peak < 8 * tool["max_response_bytes"], f"{peak / 2**20:.0f} MiB at the peak"
 
 
 @pytest.mark.parametrize("change", ["disable", "revoke", "edit"])
