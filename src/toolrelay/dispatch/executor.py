@@ -29,7 +29,7 @@ from toolrelay.dispatch.outcome import Outcome, scrub, trim
 from toolrelay.dispatch.template import RenderedRequest, render_request
 from toolrelay.errors import CredentialMissing, EgressBlocked, InvocationError, ToolrelayError
 from toolrelay.registry.schemas import SchemaValidator
-from toolrelay.registry.validation import check_input, validator
+from toolrelay.registry.validation import MAX_JSON_DEPTH, check_input, nested_too_deep, validator
 
 INVOCATION_HEADER = "X-Toolrelay-Invocation"
 Resolve = Callable[[UUID, str, int | None, "Mapping[str, Any] | None"], Awaitable[str]]
@@ -410,6 +410,8 @@ def completed(row: Mapping[str, Any], response: Response) -> Outcome:
         return Outcome("completed", output=None, http_status=status)
     try:
         body = json.loads(response.body)
+    except RecursionError:  # deeper than the parser goes: far over the limit below
+        return too_deep(status)
     except (json.JSONDecodeError, UnicodeDecodeError):
         snippet = trim(response.body.decode("utf-8", "replace"), 120)
         return Outcome.failed(
@@ -418,6 +420,8 @@ def completed(row: Mapping[str, Any], response: Response) -> Outcome:
             f" (HTTP {status}): {snippet} — is the endpoint URL right?",
             http_status=status,
         )
+    if isinstance(body, dict | list) and nested_too_deep(body):
+        return too_deep(status)
     output, problem = select(body, row["response_pointer"])
     if problem:
         return Outcome.failed("invalid_output", problem, http_status=status)
@@ -426,6 +430,15 @@ def completed(row: Mapping[str, Any], response: Response) -> Outcome:
         output=output,
         http_status=status,
         output_mismatch=schema_mismatch(row["schema_output"], output),
+    )
+
+
+def too_deep(status: int) -> Outcome:
+    return Outcome.failed(
+        "invalid_output",
+        f"the response nests arrays and objects more than {MAX_JSON_DEPTH} levels deep"
+        f" (HTTP {status}); it was not kept",
+        http_status=status,
     )
 
 

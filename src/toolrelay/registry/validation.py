@@ -24,6 +24,26 @@ def check_json_schema(where: str, schema: Mapping[str, Any]) -> None:
 
 
 VALIDATOR_CACHE_SIZE = 1024  # distinct schemas kept compiled per process
+# Levels of arrays and objects a call's input or an upstream's answer may nest. Every step
+# after the parse recurses per level (the schema validator, credential scrubbing, the JSON
+# sent to the database and to the agent): bounded here, each stays far inside Python's
+# recursion limit, whatever an agent or an upstream sends. Real APIs nest a few dozen.
+MAX_JSON_DEPTH = 100
+
+
+def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` nests arrays and objects more than ``limit`` levels deep (walked
+    without recursion, so any depth can be asked about)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        for child in children:
+            if isinstance(child, dict | list):
+                if level >= limit:
+                    return True
+                stack.append((child, level + 1))
+    return False
 
 
 @lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
@@ -47,6 +67,8 @@ def validate_input(schema: Mapping[str, Any], value: Any) -> None:
 
 def check_input(compiled: SchemaValidator, value: Any) -> None:
     """``validate_input`` with the schema's validator already in hand."""
+    if isinstance(value, dict | list) and nested_too_deep(value):
+        raise InvalidInput(f"input nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
     if compiled.refusal is not None:
         raise InvalidInput(
             f"the tool's schema_input {compiled.refusal}; the tool must be fixed before it"

@@ -1,0 +1,48 @@
+"""An agent's input nested deeper than the worker can follow is refused at the door, with a
+clear error and no call made, however deep it is: one level over the bound is the input's
+422; far past what the JSON parser reads, the body's 400."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.api.conftest import Client, agent_client
+from tests.dispatch.upstream import Upstream
+from tests.registry.helpers import count_invocations
+from toolrelay.db import Database
+from toolrelay.registry.validation import MAX_JSON_DEPTH
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(
+    ("depth", "status", "says"),
+    [(MAX_JSON_DEPTH, 422, f"more than {MAX_JSON_DEPTH} levels deep"),  # with {"x": ...}
+     (100_000, 400, "error parsing the body")],
+)  # fmt: skip
+def test_an_input_nested_too_deep_makes_no_call(
+    depth: int,
+    status: int,
+    says: str,
+    make_owner: Callable[[], Client],
+    upstream: Upstream,
+    api: str,
+    db: Database,
+) -> None:
+    owner = make_owner()
+    tool = {"name": "Echo", "endpoint_url": f"{upstream.base_url}/echo", "http_method": "POST",
+            "egress_class": "read_only"}  # fmt: skip
+    assert owner.put("/v1/tools/echo", json=tool).status_code == 200
+    agent = agent_client(api, owner, "bot")
+    assert owner.put("/v1/assignments/bot/echo").status_code == 200
+    body = '{"tool": "echo", "input": {"x": ' + nested(depth) + "}}"
+    answer = agent.post(
+        "/v1/agent/invocations", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert answer.status_code == status, answer.text[:500]
+    assert says in answer.json()["error"]["message"]
+    assert count_invocations(db, owner.owner) == 0

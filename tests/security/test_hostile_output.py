@@ -1,0 +1,86 @@
+"""What an upstream answers is data, never a way to break the worker: an answer nested
+deeper than every later step can follow (the output schema's validator, credential
+scrubbing, the JSON sent to the database and to the agent) fails its own call with a clear
+error and is recorded once; the calls beside it (another owner's, in the same batch)
+complete. Before the bound, the parser's RecursionError killed the call's task: it waited
+out its lease and ended `network_error` ("gave up"), a write `outcome_unknown`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.dispatch.upstream import Upstream
+from tests.registry.helpers import add_tool
+from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
+from toolrelay.db import Database
+from toolrelay.dispatch.worker import Worker
+from toolrelay.registry import Registry
+from toolrelay.registry.validation import MAX_JSON_DEPTH
+
+Drain = Callable[..., Awaitable[Worker]]
+RECURSIVE = {"type": "array", "items": {"$ref": "#"}}  # validated level by level
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def answering(body: bytes) -> Callable[[web.Request, int], Awaitable[web.Response]]:
+    async def handler(_request: web.Request, _hit: int) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    return handler
+
+
+def read_tool(registry: Registry, key: str, url: str, **fields: Any) -> None:
+    add_tool(registry, key, endpoint_url=url, max_attempts=1, **fields)
+    registry.create_agent("bot")
+    registry.assign("bot", key)
+
+
+# One level over the bound; and far beyond what Python's parser itself can read.
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 100_000])
+async def test_a_deeply_nested_answer_fails_its_call_alone(
+    depth: int, make_registry: Callable[[], Registry], upstream: Upstream, drain: Drain
+) -> None:
+    upstream.routes["/deep"] = answering(nested(depth))
+    upstream.routes["/fine"] = answering(b'{"ok": true}')
+    hostile, other = make_registry(), make_registry()
+    read_tool(hostile, "deep.read", f"{upstream.base_url}/deep", schema_output=RECURSIVE)
+    read_tool(other, "fine.read", f"{upstream.base_url}/fine")
+    deep = hostile.invoke("bot", "deep.read", {})
+    fine = other.invoke("bot", "fine.read", {})
+
+    await drain(lease_seconds=30.0)  # a task that died would hold the drain for 30 s
+
+    assert other.get_invocation(fine)["status"] == "completed"
+    call = hostile.get_invocation(deep)
+    assert (call["status"], call["error_code"]) == ("failed", "invalid_output")
+    assert f"more than {MAX_JSON_DEPTH} levels deep" in call["error"]
+    assert call["output"] is None
+    assert len(call["attempts"]) == 1 and upstream.hits["/deep"] == 1
+
+
+async def test_an_answer_at_the_bound_goes_through_every_step(
+    registry: Registry, upstream: Upstream, drain: Drain, db: Database
+) -> None:
+    """At the bound: validated against a recursive schema, scrubbed of a credential, stored
+    and read back whole."""
+    keyring = Keyring.parse(generate_master_key())
+    cred = CredentialStore(db, keyring).add(registry.owner, "api_key", "k", "sk-deep-0123456")
+    upstream.routes["/deep"] = answering(nested(MAX_JSON_DEPTH))
+    read_tool(registry, "deep.read", f"{upstream.base_url}/deep", schema_output=RECURSIVE,
+              auth_method="api_key", credential_ref=cred, auth_param_name="X-Key")  # fmt: skip
+    inv = registry.invoke("bot", "deep.read", {})
+    await drain(keyring=keyring, lease_seconds=30.0)
+    call = registry.get_invocation(inv)
+    assert (call["status"], call["output_mismatch"]) == ("completed", None), call
+    depth, value = 0, call["output"]
+    while value is not None:
+        depth += 1
+        value = value[0] if value else None
+    assert depth == MAX_JSON_DEPTH
