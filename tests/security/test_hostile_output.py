@@ -17,6 +17,7 @@ from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import add_tool
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
 from toolrelay.db import Database
+from toolrelay.dispatch import executor
 from toolrelay.dispatch.worker import Worker
 from toolrelay.registry import Registry
 from toolrelay.registry.validation import MAX_JSON_DEPTH
@@ -37,7 +38,7 @@ def answering(body: bytes) -> Callable[[web.Request, int], Awaitable[web.Respons
 
 
 def read_tool(registry: Registry, key: str, url: str, **fields: Any) -> None:
-    add_tool(registry, key, endpoint_url=url, max_attempts=1, **fields)
+    add_tool(registry, key, endpoint_url=url, **({"max_attempts": 1} | fields))
     registry.create_agent("bot")
     registry.assign("bot", key)
 
@@ -84,3 +85,37 @@ async def test_an_answer_at_the_bound_goes_through_every_step(
         depth += 1
         value = value[0] if value else None
     assert depth == MAX_JSON_DEPTH
+
+
+def broken(*_args: object) -> object:
+    raise RuntimeError("a bug with sk-not-a-real-secret in its message")
+
+
+@pytest.mark.parametrize(
+    ("method", "code"), [("GET", "dispatch_error"), ("POST", "outcome_unknown")]
+)
+async def test_a_call_the_worker_fails_on_is_recorded_at_once_and_sent_once(
+    method: str,
+    code: str,
+    registry: Registry,
+    upstream: Upstream,
+    drain: Drain,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fault injected where the answer is read (after the request left): whatever the
+    worker fails on next is this call's outcome now, not a task that dies and a lease that
+    sends it again (a read) or ends it `outcome_unknown` half a minute later (a write); the
+    exception's message, which could hold anything, is in neither the error nor the log."""
+    monkeypatch.setattr(executor, "completed", broken)
+    read_tool(registry, "any.call", f"{upstream.base_url}/fine", http_method=method,
+              max_attempts=3)  # fmt: skip
+    inv = registry.invoke("bot", "any.call", {})
+    await drain(lease_seconds=30.0)
+    call = registry.get_invocation(inv)
+    assert (call["status"], call["error_code"]) == ("failed", code)
+    assert "RuntimeError" in call["error"] and "sk-not" not in call["error"]
+    assert upstream.hits["/fine"] == 1 and len(call["attempts"]) == 1
+    [logged] = [r for r in caplog.records if getattr(r, "action", None) == "dispatch_failed"]
+    assert logged.error.startswith("RuntimeError at ")  # type: ignore[attr-defined]
+    assert "sk-not" not in caplog.text

@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,33 @@ from toolrelay.notify.deliver import run_in_worker as deliver_webhooks
 from toolrelay.registry.service import Claim
 
 log = logging.getLogger("toolrelay.worker")
+
+
+def failed_here(row: Mapping[str, Any], attempt: Attempt, exc: Exception) -> Outcome:
+    """The outcome of a call the worker itself failed on (a bug, on this call's data): told
+    now, not left to its lease to be sent again, and never a second send of a write that may
+    have left. Neither the log nor the error holds the exception's message (a credential may
+    be in it): its type and where it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+    log.error(
+        "the worker failed on a call",
+        extra={"action": "dispatch_failed", "invocation_id": str(row["id"]),
+               "error": f"{type(exc).__name__} at {where}"},
+    )  # fmt: skip
+    if attempt.request is not None and not is_idempotent(
+        row["http_method"], row["idempotency_header"]
+    ):
+        return Outcome.failed(
+            "outcome_unknown",
+            f"the worker failed ({type(exc).__name__}) after sending this write; it may have"
+            " reached the upstream, so it is not sent again",
+        )
+    return Outcome.failed(
+        "dispatch_error",
+        f"the worker failed on this call ({type(exc).__name__}); it was not sent again",
+    )
+
 
 CHANNEL = "toolrelay_runnable"
 POLL_INTERVAL = 1.0  # seconds; the fallback when no notification arrives
@@ -426,6 +454,8 @@ class Worker:
                        "error": str(exc)[:200]},
             )  # fmt: skip
             return
+        except Exception as exc:  # a bug of ours on this call: recorded now, not left to the lease
+            outcome = failed_here(row, attempt, exc)
         if outcome.status == "lost":
             self.metrics.lost_leases += 1
             return
