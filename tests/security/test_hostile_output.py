@@ -119,3 +119,79 @@ async def test_a_call_the_worker_fails_on_is_recorded_at_once_and_sent_once(
     [logged] = [r for r in caplog.records if getattr(r, "action", None) == "dispatch_failed"]
     assert logged.error.startswith("RuntimeError at ")  # type: ignore[attr-defined]
     assert "sk-not" not in caplog.text
+
+
+async def test_a_nul_in_an_answer_is_kept_out_of_the_database_and_the_batch_goes_on(
+    make_registry: Callable[[], Registry], upstream: Upstream, drain: Drain
+) -> None:
+    """PostgreSQL stores no NUL character (U+0000) in text or jsonb: one in an answer made the
+    result's batch fail whole, every call in it (another owner's too) then left to its lease.
+    The NUL becomes U+FFFD, as an undecodable byte does; the call completes (its side effect
+    happened); a failure's message is cleaned the same way."""
+
+    async def with_nul(_request: web.Request, _hit: int) -> web.Response:
+        return web.Response(body=b'{"te\\u0000xt": "a\\u0000b"}', content_type="application/json")
+
+    async def failing_with_nul(_request: web.Request, _hit: int) -> web.Response:
+        return web.Response(body=b"no\x00pe", status=400, content_type="text/plain")
+
+    upstream.routes["/nul"] = with_nul
+    upstream.routes["/nul400"] = failing_with_nul
+    upstream.routes["/fine"] = answering(b'{"ok": true}')
+    hostile, other = make_registry(), make_registry()
+    add_tool(hostile, "nul.read", endpoint_url=f"{upstream.base_url}/nul", max_attempts=1)
+    add_tool(hostile, "nul.fail", endpoint_url=f"{upstream.base_url}/nul400", max_attempts=1)
+    hostile.create_agent("bot")
+    for key in ("nul.read", "nul.fail"):
+        hostile.assign("bot", key)
+    read_tool(other, "fine.read", f"{upstream.base_url}/fine")
+    made = [hostile.invoke("bot", "nul.read", {}), hostile.invoke("bot", "nul.fail", {})]
+    fine = other.invoke("bot", "fine.read", {})
+
+    await drain(lease_seconds=30.0)  # a failed batch would hold the drain for 30 s
+
+    assert other.get_invocation(fine)["status"] == "completed"
+    read, failed = (hostile.get_invocation(i) for i in made)
+    assert (read["status"], read["output"]) == ("completed", {"te\ufffdxt": "a\ufffdb"})
+    assert (failed["status"], failed["error_code"]) == ("failed", "http_error")
+    assert "no\ufffdpe" in failed["error"]
+    assert upstream.hits["/nul"] == upstream.hits["/nul400"] == 1
+
+
+# What Python's json reads but JSON has not, and jsonb refuses: before, the result's batch
+# write failed whole (NaN, Infinity, a double's overflow), or the call's task died (an int
+# longer than Python converts).
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [(b'{"x": NaN}', "NaN, which is not JSON"),
+     (b"[-Infinity]", "-Infinity, which is not JSON"),
+     (b'{"x": 1e400}', "beyond a double's range"),
+     (b"[" + b"9" * 400 + b".5]", "beyond a double's range"),
+     (b"[" + b"9" * 5000 + b"]", "an integer of more than 4,300 digits")],
+)  # fmt: skip
+async def test_a_number_jsonb_cannot_hold_fails_its_call_alone(
+    body: bytes,
+    says: str,
+    make_registry: Callable[[], Registry],
+    upstream: Upstream,
+    drain: Drain,
+) -> None:
+    upstream.routes["/odd"] = answering(body)
+    upstream.routes["/fine"] = answering(
+        b'{"ok": true, "big": 1e300, "long": ' + b"7" * 4000 + b"}"
+    )
+    hostile, other = make_registry(), make_registry()
+    read_tool(hostile, "odd.read", f"{upstream.base_url}/odd")
+    read_tool(other, "fine.read", f"{upstream.base_url}/fine")
+    odd = hostile.invoke("bot", "odd.read", {})
+    fine = other.invoke("bot", "fine.read", {})
+
+    await drain(lease_seconds=30.0)
+
+    kept = other.get_invocation(fine)
+    assert kept["status"] == "completed"  # in range: kept (jsonb holds 1e300 as a numeric)
+    assert (kept["output"]["big"], kept["output"]["long"]) == (10**300, int("7" * 4000))
+    call = hostile.get_invocation(odd)
+    assert (call["status"], call["error_code"]) == ("failed", "invalid_output")
+    assert says in call["error"]
+    assert upstream.hits["/odd"] == 1

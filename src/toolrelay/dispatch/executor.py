@@ -10,6 +10,9 @@ import base64
 import dataclasses
 import hashlib
 import json
+import math
+import re
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +28,7 @@ from yarl import URL
 from toolrelay.dispatch import policy as retry
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
-from toolrelay.dispatch.outcome import Outcome, scrub, trim
+from toolrelay.dispatch.outcome import Outcome, scrub, trim, without_nul
 from toolrelay.dispatch.template import RenderedRequest, render_request
 from toolrelay.errors import CredentialMissing, EgressBlocked, InvocationError, ToolrelayError
 from toolrelay.registry.schemas import SchemaValidator
@@ -116,10 +119,12 @@ class Executor:
             outcome = Outcome.failed(exc.code, exc.message)
         except ToolrelayError as exc:
             outcome = Outcome.failed("credential_error", exc.message)
-        outcome.error = scrub(outcome.error, secrets)
+        # Every text recorded: no known secret, and no NUL (the batch's write would fail)
+        outcome.error = without_nul(scrub(outcome.error, secrets))
+        outcome.detail = without_nul(scrub(outcome.detail, secrets))
         outcome.output = scrub(outcome.output, secrets)
         # jsonschema quotes the offending value: a secret echoed into a bad field shows there
-        outcome.output_mismatch = scrub(outcome.output_mismatch, secrets)
+        outcome.output_mismatch = without_nul(scrub(outcome.output_mismatch, secrets))
         if attempt.request is not None:
             attempt.request = attempt.request.scrubbed(secrets)
         return outcome, secrets
@@ -409,9 +414,13 @@ def completed(row: Mapping[str, Any], response: Response) -> Outcome:
     if not response.body.strip():
         return Outcome("completed", output=None, http_status=status)
     try:
-        body = json.loads(response.body)
+        body = parse_json(response.body)
     except RecursionError:  # deeper than the parser goes: far over the limit below
         return too_deep(status)
+    except NotStorable as exc:
+        return Outcome.failed(
+            "invalid_output", f"the response holds {exc} (HTTP {status})", http_status=status
+        )
     except (json.JSONDecodeError, UnicodeDecodeError):
         snippet = trim(response.body.decode("utf-8", "replace"), 120)
         return Outcome.failed(
@@ -422,6 +431,8 @@ def completed(row: Mapping[str, Any], response: Response) -> Outcome:
         )
     if isinstance(body, dict | list) and nested_too_deep(body):
         return too_deep(status)
+    if b"\\u0000" in response.body:  # JSON spells U+0000 only so
+        body = without_nul(body)
     output, problem = select(body, row["response_pointer"])
     if problem:
         return Outcome.failed("invalid_output", problem, http_status=status)
@@ -431,6 +442,41 @@ def completed(row: Mapping[str, Any], response: Response) -> Outcome:
         http_status=status,
         output_mismatch=schema_mismatch(row["schema_output"], output),
     )
+
+
+class NotStorable(ValueError):
+    """A JSON number no JSON document (nor jsonb) can hold once Python has read it."""
+
+
+def _no_constant(name: str) -> Any:
+    raise NotStorable(f"{name}, which is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise NotStorable(f"the number {text[:24]}, beyond a double's range")
+    return value
+
+
+# A number literal that may overflow a double (an exponent of 100 or more, or 300 digits):
+# only then is every float checked, one call each.
+_MAY_OVERFLOW = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}|[0-9]{300}")
+
+
+def parse_json(body: bytes) -> Any:
+    """An answer's JSON, refusing what json.loads accepts but JSON has not and jsonb would
+    refuse, failing the whole batch's write: NaN and Infinity, and numbers a double turns
+    into infinity; and an integer longer than Python converts."""
+    floats = _finite if _MAY_OVERFLOW.search(body) else None
+    try:
+        return json.loads(body, parse_constant=_no_constant, parse_float=floats)
+    except (json.JSONDecodeError, NotStorable):
+        raise
+    except ValueError:  # int(): more digits than sys.get_int_max_str_digits()
+        raise NotStorable(
+            f"an integer of more than {sys.get_int_max_str_digits():,} digits"
+        ) from None
 
 
 def too_deep(status: int) -> Outcome:

@@ -173,6 +173,22 @@ def _scrub(value: Any, scrubber: _Scrubber) -> Any:
     return value
 
 
+NUL, REPLACEMENT = "\x00", "\ufffd"  # PostgreSQL stores no U+0000 in text or jsonb
+
+
+def without_nul(value: Any) -> Any:
+    """``value`` with U+0000 in its strings (and keys) replaced by U+FFFD, as an undecodable
+    byte is: one NUL in a result would fail its whole batch's write. Recursive: the value's
+    depth is bounded first (registry/validation.py, MAX_JSON_DEPTH)."""
+    if isinstance(value, str):
+        return value.replace(NUL, REPLACEMENT)
+    if isinstance(value, list):
+        return [without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    return value
+
+
 def trim(text: str, limit: int = ERROR_BODY_CHARS) -> str:
-    text = " ".join(text.split())
+    text = " ".join(text.replace(NUL, REPLACEMENT).split())
     return text if len(text) <= limit else text[:limit] + TRIMMED

@@ -34,16 +34,31 @@ MAX_JSON_DEPTH = 100
 def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether ``value`` nests arrays and objects more than ``limit`` levels deep (walked
     without recursion, so any depth can be asked about)."""
+    return _walk(value, limit, nul=False) is not None
+
+
+def _walk(value: Any, limit: int, nul: bool) -> str | None:
+    """What is wrong with a JSON value ``limit`` allows: nesting too deep, or (``nul``) a
+    NUL character in a string or key, which PostgreSQL cannot store. None: nothing."""
+    if nul and isinstance(value, str):
+        return "a NUL character (U+0000)" if "\x00" in value else None
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, dict):
+            if nul and any("\x00" in key for key in item):
+                return "a NUL character (U+0000) in a key"
+            children: Any = item.values()
+        else:
+            children = item
         for child in children:
             if isinstance(child, dict | list):
                 if level >= limit:
-                    return True
+                    return f"arrays and objects nested more than {limit} levels deep"
                 stack.append((child, level + 1))
-    return False
+            elif nul and isinstance(child, str) and "\x00" in child:
+                return "a NUL character (U+0000)"
+    return None
 
 
 @lru_cache(maxsize=VALIDATOR_CACHE_SIZE)
@@ -67,8 +82,11 @@ def validate_input(schema: Mapping[str, Any], value: Any) -> None:
 
 def check_input(compiled: SchemaValidator, value: Any) -> None:
     """``validate_input`` with the schema's validator already in hand."""
-    if isinstance(value, dict | list) and nested_too_deep(value):
-        raise InvalidInput(f"input nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
+    problem = (
+        _walk(value, MAX_JSON_DEPTH, nul=True) if isinstance(value, dict | list | str) else None
+    )
+    if problem is not None:  # later steps recurse per level; PostgreSQL stores no NUL
+        raise InvalidInput(f"input holds {problem}, which cannot be accepted")
     if compiled.refusal is not None:
         raise InvalidInput(
             f"the tool's schema_input {compiled.refusal}; the tool must be fixed before it"
