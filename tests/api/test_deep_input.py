@@ -4,6 +4,7 @@ clear error and no call made, however deep it is: one level over the bound is th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -48,18 +49,22 @@ def test_an_input_nested_too_deep_makes_no_call(
     assert count_invocations(db, owner.owner) == 0
 
 
-def test_an_input_with_a_nul_character_makes_no_call(
+def test_an_input_jsonb_cannot_hold_makes_no_call(
     make_owner: Callable[[], Client], upstream: Upstream, api: str, db: Database
 ) -> None:
-    """PostgreSQL stores no U+0000: the door says so (422), rather than the insert failing."""
+    """PostgreSQL stores no U+0000 and no unpaired surrogate: the door says so (422), rather
+    than the insert failing."""
     owner = make_owner()
     tool = {"name": "Echo", "endpoint_url": f"{upstream.base_url}/echo", "http_method": "POST",
             "egress_class": "read_only"}  # fmt: skip
     assert owner.put("/v1/tools/echo", json=tool).status_code == 200
     agent = agent_client(api, owner, "bot")
     assert owner.put("/v1/assignments/bot/echo").status_code == 200
-    for value in ({"x": "a\u0000b"}, {"a\u0000b": 1}):
-        answer = agent.post("/v1/agent/invocations", json={"tool": "echo", "input": value})
+    for value in ({"x": "a\u0000b"}, {"a\u0000b": 1}, {"x": ["a\ud800"]}):
+        body = json.dumps({"tool": "echo", "input": value})  # ASCII: "\\u0000", "\\ud800"
+        answer = agent.post(
+            "/v1/agent/invocations", content=body, headers={"Content-Type": "application/json"}
+        )
         assert answer.status_code == 422, answer.text[:500]
         assert "NUL" in answer.json()["error"]["message"]
     assert count_invocations(db, owner.owner) == 0

@@ -121,16 +121,17 @@ async def test_a_call_the_worker_fails_on_is_recorded_at_once_and_sent_once(
     assert "sk-not" not in caplog.text
 
 
-async def test_a_nul_in_an_answer_is_kept_out_of_the_database_and_the_batch_goes_on(
+async def test_what_jsonb_cannot_hold_in_an_answer_is_replaced_and_the_batch_goes_on(
     make_registry: Callable[[], Registry], upstream: Upstream, drain: Drain
 ) -> None:
-    """PostgreSQL stores no NUL character (U+0000) in text or jsonb: one in an answer made the
-    result's batch fail whole, every call in it (another owner's too) then left to its lease.
-    The NUL becomes U+FFFD, as an undecodable byte does; the call completes (its side effect
-    happened); a failure's message is cleaned the same way."""
+    """PostgreSQL stores no NUL (U+0000) and no unpaired surrogate in text or jsonb: one in an
+    answer made the result's batch fail whole, every call in it (another owner's too) then
+    left to its lease. Each becomes U+FFFD, as an undecodable byte does; the call completes
+    (its side effect happened); a failure's message is cleaned the same way."""
 
     async def with_nul(_request: web.Request, _hit: int) -> web.Response:
-        return web.Response(body=b'{"te\\u0000xt": "a\\u0000b"}', content_type="application/json")
+        body = b'{"te\\u0000xt": "a\\u0000b", "s": "x\\udc00y", "pair": "\\ud83d\\ude00"}'
+        return web.Response(body=body, content_type="application/json")
 
     async def failing_with_nul(_request: web.Request, _hit: int) -> web.Response:
         return web.Response(body=b"no\x00pe", status=400, content_type="text/plain")
@@ -152,7 +153,8 @@ async def test_a_nul_in_an_answer_is_kept_out_of_the_database_and_the_batch_goes
 
     assert other.get_invocation(fine)["status"] == "completed"
     read, failed = (hostile.get_invocation(i) for i in made)
-    assert (read["status"], read["output"]) == ("completed", {"te\ufffdxt": "a\ufffdb"})
+    assert read["status"] == "completed"
+    assert read["output"] == {"te\ufffdxt": "a\ufffdb", "s": "x\ufffdy", "pair": "\U0001f600"}
     assert (failed["status"], failed["error_code"]) == ("failed", "http_error")
     assert "no\ufffdpe" in failed["error"]
     assert upstream.hits["/nul"] == upstream.hits["/nul400"] == 1

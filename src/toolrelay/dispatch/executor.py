@@ -28,7 +28,7 @@ from yarl import URL
 from toolrelay.dispatch import policy as retry
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
-from toolrelay.dispatch.outcome import Outcome, scrub, trim, without_nul
+from toolrelay.dispatch.outcome import Outcome, scrub, storable, trim
 from toolrelay.dispatch.template import RenderedRequest, render_request
 from toolrelay.errors import CredentialMissing, EgressBlocked, InvocationError, ToolrelayError
 from toolrelay.registry.schemas import SchemaValidator
@@ -120,11 +120,11 @@ class Executor:
         except ToolrelayError as exc:
             outcome = Outcome.failed("credential_error", exc.message)
         # Every text recorded: no known secret, and no NUL (the batch's write would fail)
-        outcome.error = without_nul(scrub(outcome.error, secrets))
-        outcome.detail = without_nul(scrub(outcome.detail, secrets))
+        outcome.error = storable(scrub(outcome.error, secrets))
+        outcome.detail = storable(scrub(outcome.detail, secrets))
         outcome.output = scrub(outcome.output, secrets)
         # jsonschema quotes the offending value: a secret echoed into a bad field shows there
-        outcome.output_mismatch = without_nul(scrub(outcome.output_mismatch, secrets))
+        outcome.output_mismatch = storable(scrub(outcome.output_mismatch, secrets))
         if attempt.request is not None:
             attempt.request = attempt.request.scrubbed(secrets)
         return outcome, secrets
@@ -431,8 +431,8 @@ def completed(row: Mapping[str, Any], response: Response) -> Outcome:
         )
     if isinstance(body, dict | list) and nested_too_deep(body):
         return too_deep(status)
-    if b"\\u0000" in response.body:  # JSON spells U+0000 only so
-        body = without_nul(body)
+    if _ESCAPED_UNSTORABLE.search(response.body):  # JSON spells them only so
+        body = storable(body)
     output, problem = select(body, row["response_pointer"])
     if problem:
         return Outcome.failed("invalid_output", problem, http_status=status)
@@ -461,6 +461,7 @@ def _finite(text: str) -> float:
 
 # A number literal that may overflow a double (an exponent of 100 or more, or 300 digits):
 # only then is every float checked, one call each.
+_ESCAPED_UNSTORABLE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")  # U+0000, a surrogate
 _MAY_OVERFLOW = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}|[0-9]{300}")
 
 

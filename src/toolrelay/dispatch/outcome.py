@@ -13,6 +13,8 @@ from urllib.parse import quote, quote_plus
 
 from yarl import URL
 
+from toolrelay.registry.validation import UNSTORABLE
+
 REDACTED = "[redacted]"
 ERROR_BODY_CHARS = 500  # a trimmed body in an error message
 TRIMMED = "…"  # ends a trimmed text
@@ -173,22 +175,23 @@ def _scrub(value: Any, scrubber: _Scrubber) -> Any:
     return value
 
 
-NUL, REPLACEMENT = "\x00", "\ufffd"  # PostgreSQL stores no U+0000 in text or jsonb
+REPLACEMENT = "\ufffd"  # what an undecodable byte becomes, too
 
 
-def without_nul(value: Any) -> Any:
-    """``value`` with U+0000 in its strings (and keys) replaced by U+FFFD, as an undecodable
-    byte is: one NUL in a result would fail its whole batch's write. Recursive: the value's
-    depth is bounded first (registry/validation.py, MAX_JSON_DEPTH)."""
+def storable(value: Any) -> Any:
+    """``value`` with what PostgreSQL cannot store (UNSTORABLE: U+0000, an unpaired
+    surrogate) in its strings and keys replaced by U+FFFD: one such character in a result
+    would fail its whole batch's write. Recursive: the value's depth is bounded first
+    (registry/validation.py, MAX_JSON_DEPTH)."""
     if isinstance(value, str):
-        return value.replace(NUL, REPLACEMENT)
+        return UNSTORABLE.sub(REPLACEMENT, value)
     if isinstance(value, list):
-        return [without_nul(v) for v in value]
+        return [storable(v) for v in value]
     if isinstance(value, dict):
-        return {without_nul(k): without_nul(v) for k, v in value.items()}
+        return {storable(k): storable(v) for k, v in value.items()}
     return value
 
 
 def trim(text: str, limit: int = ERROR_BODY_CHARS) -> str:
-    text = " ".join(text.replace(NUL, REPLACEMENT).split())
+    text = " ".join(UNSTORABLE.sub(REPLACEMENT, text).split())
     return text if len(text) <= limit else text[:limit] + TRIMMED

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -29,6 +30,10 @@ VALIDATOR_CACHE_SIZE = 1024  # distinct schemas kept compiled per process
 # sent to the database and to the agent): bounded here, each stays far inside Python's
 # recursion limit, whatever an agent or an upstream sends. Real APIs nest a few dozen.
 MAX_JSON_DEPTH = 100
+# What no PostgreSQL text or jsonb holds: U+0000, and a UTF-16 surrogate left unpaired
+# (JSON's "\ud800"; json.loads pairs the others into one character).
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE_SAYS = "a NUL (U+0000) or an unpaired surrogate (U+D800 to U+DFFF)"
 
 
 def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -39,15 +44,15 @@ def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
 
 def _walk(value: Any, limit: int, nul: bool) -> str | None:
     """What is wrong with a JSON value ``limit`` allows: nesting too deep, or (``nul``) a
-    NUL character in a string or key, which PostgreSQL cannot store. None: nothing."""
+    character in a string or key that PostgreSQL cannot store. None: nothing."""
     if nul and isinstance(value, str):
-        return "a NUL character (U+0000)" if "\x00" in value else None
+        return UNSTORABLE_SAYS if UNSTORABLE.search(value) else None
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
         if isinstance(item, dict):
-            if nul and any("\x00" in key for key in item):
-                return "a NUL character (U+0000) in a key"
+            if nul and any(UNSTORABLE.search(key) for key in item):
+                return f"{UNSTORABLE_SAYS} in a key"
             children: Any = item.values()
         else:
             children = item
@@ -56,8 +61,8 @@ def _walk(value: Any, limit: int, nul: bool) -> str | None:
                 if level >= limit:
                     return f"arrays and objects nested more than {limit} levels deep"
                 stack.append((child, level + 1))
-            elif nul and isinstance(child, str) and "\x00" in child:
-                return "a NUL character (U+0000)"
+            elif nul and isinstance(child, str) and UNSTORABLE.search(child):
+                return UNSTORABLE_SAYS
     return None
 
 
