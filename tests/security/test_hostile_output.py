@@ -7,6 +7,7 @@ out its lease and ended `network_error` ("gave up"), a write `outcome_unknown`."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -197,3 +198,43 @@ async def test_a_number_jsonb_cannot_hold_fails_its_call_alone(
     assert (call["status"], call["error_code"]) == ("failed", "invalid_output")
     assert says in call["error"]
     assert upstream.hits["/odd"] == 1
+
+
+async def test_a_result_the_database_refuses_takes_no_other_result_with_it(
+    make_registry: Callable[[], Registry],
+    upstream: Upstream,
+    drain: Drain,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last line behind the checks above: with the NUL left in (the cleaning switched off
+    here, standing for a value nobody foresaw), the batch holding it is refused, and each
+    result is then written alone: the other owner's call keeps its answer, and the refused
+    one keeps its outcome (completed: its side effect happened) without the output."""
+    monkeypatch.setattr(executor, "storable", lambda value: value)
+    both = asyncio.Event()
+
+    async def together(body: bytes) -> Callable[[web.Request, int], Awaitable[web.Response]]:
+        async def handler(_request: web.Request, _hit: int) -> web.Response:
+            if upstream.hits["/nul"] + upstream.hits["/fine"] == 2:
+                both.set()
+            await both.wait()  # answered at once: their results share a batch
+            return web.Response(body=body, content_type="application/json")
+
+        return handler
+
+    upstream.routes["/nul"] = await together(b'{"x": "a\\u0000b"}')
+    upstream.routes["/fine"] = await together(b'{"ok": true}')
+    hostile, other = make_registry(), make_registry()
+    read_tool(hostile, "nul.read", f"{upstream.base_url}/nul")
+    read_tool(other, "fine.read", f"{upstream.base_url}/fine")
+    refused = hostile.invoke("bot", "nul.read", {})
+    fine = other.invoke("bot", "fine.read", {})
+
+    await drain(lease_seconds=30.0)
+
+    assert (other.get_invocation(fine)["status"], other.get_invocation(fine)["output"]) == (
+        "completed", {"ok": True})  # fmt: skip
+    call = hostile.get_invocation(refused)
+    assert (call["status"], call["output"]) == ("completed", None)
+    assert "the database refused to store what the upstream answered" in call["output_mismatch"]
+    assert upstream.hits["/nul"] == 1 and len(call["attempts"]) == 1

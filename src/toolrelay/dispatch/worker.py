@@ -564,7 +564,7 @@ class Worker:
 
     async def _flush_results(self, items: Sequence[tuple[Row, Row]]) -> list[UUID | None]:
         try:
-            written = await self.store.finish([r for r, _ in items], [a for _, a in items])
+            written = await self._finish(items)
         finally:
             told = [(r, self._told.pop(r["id"], None)) for r, _ in items]
         if self.on_outcomes is not None:
@@ -573,6 +573,42 @@ class Worker:
                 for r, claimed in told if r["status"] != "running" and UUID(r["id"]) in written
             })  # fmt: skip
         return [UUID(r["id"]) if UUID(r["id"]) in written else None for r, _ in items]
+
+    async def _finish(self, items: Sequence[tuple[Row, Row]]) -> dict[UUID, Row]:
+        """``finish`` for the batch; when the database refuses a value in it (a DataError:
+        something the checks before it did not foresee), each result alone, so that one
+        call's result cannot take the others' with it. A refused one is recorded again
+        without what an upstream wrote into it: its outcome stands (a completed call stays
+        completed: its side effect happened), its output and texts are replaced by a note."""
+        try:
+            return await self.store.finish([r for r, _ in items], [a for _, a in items])
+        except psycopg.DataError as exc:
+            if len(items) > 1:
+                log.warning(
+                    "the database refused a result batch; recording each alone",
+                    extra={"action": "finish_split", "error": type(exc).__name__,
+                           "calls": len(items)},
+                )  # fmt: skip
+                written: dict[UUID, Row] = {}
+                for item in items:
+                    written |= await self._finish([item])
+                return written
+            result, attempt = items[0]
+            log.error(
+                "the database refused a call's result",
+                extra={"action": "finish_refused", "invocation_id": result["id"],
+                       "error": type(exc).__name__, "sqlstate": exc.sqlstate},
+            )  # fmt: skip
+            note = (
+                f"the database refused to store what the upstream answered ({type(exc).__name__})"
+            )
+            kept = result | {"output": None, "output_mismatch": None}
+            if result["status"] == "completed":
+                kept["output_mismatch"] = f"{note}; the output was not kept"
+            else:
+                kept["error"] = f"{note}; the error text was not kept"
+            noted = attempt | {"error": None if attempt["error"] is None else kept["error"]}
+            return await self.store.finish([kept], [noted])
 
     # --- what it says about itself --------------------------------------------------------
 
