@@ -25,7 +25,8 @@ from toolrelay.db import migrate
 # Servers and long runs: they do not return on bad input, they start.
 NOT_RUN = {"worker", "serve", "mcp", "demo", "chaos"}
 BAD_VALUES = ["", "not-a-uuid", str(uuid.UUID(int=0)), "x" * 300, "ü\u202e\x7f", "@/missing.json",
-              "-5", "0", "1e309", "bogus", "{", "null", "[]", "a=b", "../../etc/passwd"]  # fmt: skip
+              "-5", "0", "1e309", "bogus", "{", "null", "[]", "a=b", "../../etc/passwd",
+              "caf\udce9"]  # fmt: skip  # the last: argv bytes not UTF-8 (b"caf\xe9")
 INTERNAL = re.compile(
     r"Traceback|psycopg|violates|constraint \"|invalid input syntax"
     r"|\b(tools_registry|agents|credentials|tool_\w+|api_tokens)_\w*(check|key)\b"

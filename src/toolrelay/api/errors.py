@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolrelay import errors
 from toolrelay.api.schemas import ErrorBody
+from toolrelay.db.errors import unstorable_text
 from toolrelay.tokens import Unauthenticated
 
 log = logging.getLogger("toolrelay.api")
@@ -172,6 +173,14 @@ async def _on_too_deep(_: Request, __: Exception) -> JSONResponse:
     return error_response(400, "bad_request", "the request is nested too deeply")
 
 
+async def _on_unencodable(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, UnicodeEncodeError)
+    said = unstorable_text(exc)  # the request's text, whatever path reached the database
+    if isinstance(said, errors.ToolrelayError):
+        return toolrelay_error_response(said)
+    return await _on_unexpected(request, exc)
+
+
 async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error", extra={"action": "api_error"})
     return error_response(500, "internal_error", "internal error")
@@ -183,4 +192,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(psycopg.OperationalError, _on_database_down)
     app.add_exception_handler(RecursionError, _on_too_deep)
+    app.add_exception_handler(UnicodeEncodeError, _on_unencodable)
     app.add_exception_handler(Exception, _on_unexpected)

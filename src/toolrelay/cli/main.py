@@ -30,7 +30,7 @@ from toolrelay.cli.tools import tool_app
 from toolrelay.cli.webhooks import webhook_app
 from toolrelay.cli.worker import worker
 from toolrelay.db import Database, migrate
-from toolrelay.db.errors import is_connection_error
+from toolrelay.db.errors import is_connection_error, unstorable_text
 from toolrelay.errors import DatabaseUnavailable, ToolrelayError
 
 DEBUG_ENV = "TOOLRELAY_DEBUG"
@@ -51,6 +51,11 @@ class _Commands(TyperGroup):
             raise fail(DatabaseUnavailable("the database is unavailable", str(exc))) from None
         except (typer.Exit, typer.Abort, typer.TyperException):  # click's own handling
             raise
+        except UnicodeEncodeError as exc:  # an argument's bytes were not UTF-8
+            said = unstorable_text(exc)
+            if not isinstance(said, ToolrelayError) or os.environ.get(DEBUG_ENV):
+                raise
+            raise fail(said) from None
         except Exception as exc:
             if os.environ.get(DEBUG_ENV):
                 raise

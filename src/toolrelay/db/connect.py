@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from toolrelay import config
 from toolrelay.db.embedded import embedded_url
-from toolrelay.db.errors import check_url
+from toolrelay.db.errors import check_url, storable_text
 
 if TYPE_CHECKING:
     from toolrelay.db.aio import AsyncTrips
@@ -86,7 +86,8 @@ class Database:
             from toolrelay.db.aio import AsyncTrips  # it imports this module
 
             self._async = AsyncTrips(self.url, self._pool_size, self._timeout, POOL_MAX_IDLE)
-        return await self._async.run(identity, queries, retry=retry)
+        with storable_text():
+            return await self._async.run(identity, queries, retry=retry)
 
     async def aclose(self) -> None:
         """Close the running event loop's pool of ``trip``, if it has one."""
@@ -128,7 +129,7 @@ class Database:
         # tells, before anything was done, so one retry on a fresh connection is safe.
         for attempt in range(2):
             try:
-                with self._connection() as conn:
+                with storable_text(), self._connection() as conn:
                     try:
                         row = _begin(conn, (role, sub, claims), first)
                     except psycopg.OperationalError:
@@ -257,7 +258,8 @@ class Trips:
         for attempt in range(2):
             conn = self._checkout()
             try:
-                return _one_trip(conn, identity, queries)
+                with storable_text():
+                    return _one_trip(conn, identity, queries)
             except psycopg.OperationalError:
                 if self._proven or attempt or not retry or not conn.closed:
                     raise

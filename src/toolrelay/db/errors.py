@@ -133,6 +133,31 @@ def translated() -> Iterator[None]:
         raise translate_db_error(exc) from None
 
 
+@contextmanager
+def storable_text() -> Iterator[None]:
+    """A str holding an unpaired surrogate (JSON's "\\ud800", or argv bytes that are not
+    UTF-8) cannot be encoded for PostgreSQL: psycopg raises UnicodeEncodeError before the
+    statement is sent, and the transaction is rolled back. Said as the bad input it is."""
+    try:
+        yield
+    except UnicodeEncodeError as exc:
+        raise unstorable_text(exc) from None
+
+
+UNSTORABLE_TEXT = (
+    "a text holds an unpaired surrogate (U+D800 to U+DFFF), which cannot be stored;"
+    " send valid Unicode (on a command line: UTF-8)"
+)
+
+
+def unstorable_text(exc: UnicodeEncodeError) -> Exception:
+    """The error to raise for ``exc``: InvalidArgument when it is a surrogate that could not
+    be encoded (the caller's text), else ``exc`` itself (a bug)."""
+    return (
+        errors.InvalidArgument(UNSTORABLE_TEXT) if exc.reason == "surrogates not allowed" else exc
+    )
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """Down, refused, timed out waiting for a pooled connection, or shut down mid-way."""
     if not isinstance(exc, psycopg.OperationalError):

@@ -68,3 +68,23 @@ def test_an_input_jsonb_cannot_hold_makes_no_call(
         assert answer.status_code == 422, answer.text[:500]
         assert "NUL" in answer.json()["error"]["message"]
     assert count_invocations(db, owner.owner) == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/agents", '{"name": "bot\\udc80"}'),
+     ("/v1/tools/echo.two", '{"name": "Echo \\ud800", "endpoint_url": "https://api.example.com/",'
+                            ' "http_method": "GET"}')],
+)  # fmt: skip
+def test_an_unpaired_surrogate_anywhere_is_the_callers_422(
+    path: str, body: str, make_owner: Callable[[], Client]
+) -> None:
+    """Any text field, not only an input: psycopg cannot encode the str, before anything is
+    sent; that was a 500 (and the connection dropped)."""
+    owner = make_owner()
+    method = owner.post if path == "/v1/agents" else owner.put
+    answer = method(path, content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text[:300]
+    assert "unpaired surrogate" in answer.json()["error"]["message"]
+    assert owner.get("/v1/agents").json()["items"] == []
+    assert owner.get("/v1/tools").status_code == 200  # the connection is still good
