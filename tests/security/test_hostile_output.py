@@ -170,7 +170,8 @@ async def test_what_jsonb_cannot_hold_in_an_answer_is_replaced_and_the_batch_goe
      (b"[-Infinity]", "-Infinity, which is not JSON"),
      (b'{"x": 1e400}', "beyond a double's range"),
      (b"[" + b"9" * 400 + b".5]", "beyond a double's range"),
-     (b"[" + b"9" * 5000 + b"]", "an integer of more than 4,300 digits")],
+     (b"[" + b"9" * 5000 + b"]", "an integer of more than 4,300 digits"),
+     (b'{"x": "caf\xe9"}', "expected a JSON response")],  # not UTF-8: not a number's fault
 )  # fmt: skip
 async def test_a_number_jsonb_cannot_hold_fails_its_call_alone(
     body: bytes,

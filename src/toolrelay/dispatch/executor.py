@@ -119,7 +119,8 @@ class Executor:
             outcome = Outcome.failed(exc.code, exc.message)
         except ToolrelayError as exc:
             outcome = Outcome.failed("credential_error", exc.message)
-        # Every text recorded: no known secret, and no NUL (the batch's write would fail)
+        # Every text recorded: no known secret, nothing PostgreSQL cannot store (a NUL would
+        # fail the whole batch's write)
         outcome.error = storable(scrub(outcome.error, secrets))
         outcome.detail = storable(scrub(outcome.detail, secrets))
         outcome.output = scrub(outcome.output, secrets)
@@ -459,9 +460,9 @@ def _finite(text: str) -> float:
     return value
 
 
+_ESCAPED_UNSTORABLE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")  # U+0000, a surrogate
 # A number literal that may overflow a double (an exponent of 100 or more, or 300 digits):
 # only then is every float checked, one call each.
-_ESCAPED_UNSTORABLE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")  # U+0000, a surrogate
 _MAY_OVERFLOW = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}|[0-9]{300}")
 
 
@@ -472,7 +473,7 @@ def parse_json(body: bytes) -> Any:
     floats = _finite if _MAY_OVERFLOW.search(body) else None
     try:
         return json.loads(body, parse_constant=_no_constant, parse_float=floats)
-    except (json.JSONDecodeError, NotStorable):
+    except (json.JSONDecodeError, UnicodeDecodeError, NotStorable):
         raise
     except ValueError:  # int(): more digits than sys.get_int_max_str_digits()
         raise NotStorable(
