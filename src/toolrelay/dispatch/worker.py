@@ -57,33 +57,6 @@ from toolrelay.registry.service import Claim
 
 log = logging.getLogger("toolrelay.worker")
 
-
-def failed_here(row: Mapping[str, Any], attempt: Attempt, exc: Exception) -> Outcome:
-    """The outcome of a call the worker itself failed on (a bug, on this call's data): told
-    now, not left to its lease to be sent again, and never a second send of a write that may
-    have left. Neither the log nor the error holds the exception's message (a credential may
-    be in it): its type and where it was raised."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
-    log.error(
-        "the worker failed on a call",
-        extra={"action": "dispatch_failed", "invocation_id": str(row["id"]),
-               "error": f"{type(exc).__name__} at {where}"},
-    )  # fmt: skip
-    if attempt.request is not None and not is_idempotent(
-        row["http_method"], row["idempotency_header"]
-    ):
-        return Outcome.failed(
-            "outcome_unknown",
-            f"the worker failed ({type(exc).__name__}) after sending this write; it may have"
-            " reached the upstream, so it is not sent again",
-        )
-    return Outcome.failed(
-        "dispatch_error",
-        f"the worker failed on this call ({type(exc).__name__}); it was not sent again",
-    )
-
-
 CHANNEL = "toolrelay_runnable"
 POLL_INTERVAL = 1.0  # seconds; the fallback when no notification arrives
 # With calls in flight and nothing to claim: how long to wait for one of them to finish
@@ -834,3 +807,29 @@ async def run_worker(
     worker.install_signal_handlers()
     await worker.run()
     return worker
+
+
+def failed_here(row: Mapping[str, Any], attempt: Attempt, exc: Exception) -> Outcome:
+    """The outcome of a call the worker itself failed on (a bug, on this call's data): told
+    now, not left to its lease to be sent again, and never a second send of a write that may
+    have left. Neither the log nor the error holds the exception's message (a credential may
+    be in it): its type and where it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "?"
+    log.error(
+        "the worker failed on a call",
+        extra={"action": "dispatch_failed", "invocation_id": str(row["id"]),
+               "error": f"{type(exc).__name__} at {where}"},
+    )  # fmt: skip
+    if attempt.request is not None and not is_idempotent(
+        row["http_method"], row["idempotency_header"]
+    ):
+        return Outcome.failed(
+            "outcome_unknown",
+            f"the worker failed ({type(exc).__name__}) after sending this write; it may have"
+            " reached the upstream, so it is not sent again",
+        )
+    return Outcome.failed(
+        "dispatch_error",
+        f"the worker failed on this call ({type(exc).__name__}); it was not sent again",
+    )

@@ -39,19 +39,19 @@ UNSTORABLE_SAYS = "a NUL (U+0000) or an unpaired surrogate (U+D800 to U+DFFF)"
 def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether ``value`` nests arrays and objects more than ``limit`` levels deep (walked
     without recursion, so any depth can be asked about)."""
-    return _walk(value, limit, nul=False) is not None
+    return _walk(value, limit, strings=False) is not None
 
 
-def _walk(value: Any, limit: int, nul: bool) -> str | None:
-    """What is wrong with a JSON value ``limit`` allows: nesting too deep, or (``nul``) a
+def _walk(value: Any, limit: int, strings: bool) -> str | None:
+    """What is wrong with a JSON value: nesting deeper than ``limit``, or (``strings``) a
     character in a string or key that PostgreSQL cannot store. None: nothing."""
-    if nul and isinstance(value, str):
+    if strings and isinstance(value, str):
         return UNSTORABLE_SAYS if UNSTORABLE.search(value) else None
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
         if isinstance(item, dict):
-            if nul and any(UNSTORABLE.search(key) for key in item):
+            if strings and any(UNSTORABLE.search(key) for key in item):
                 return f"{UNSTORABLE_SAYS} in a key"
             children: Any = item.values()
         else:
@@ -61,7 +61,7 @@ def _walk(value: Any, limit: int, nul: bool) -> str | None:
                 if level >= limit:
                     return f"arrays and objects nested more than {limit} levels deep"
                 stack.append((child, level + 1))
-            elif nul and isinstance(child, str) and UNSTORABLE.search(child):
+            elif strings and isinstance(child, str) and UNSTORABLE.search(child):
                 return UNSTORABLE_SAYS
     return None
 
@@ -88,9 +88,9 @@ def validate_input(schema: Mapping[str, Any], value: Any) -> None:
 def check_input(compiled: SchemaValidator, value: Any) -> None:
     """``validate_input`` with the schema's validator already in hand."""
     problem = (
-        _walk(value, MAX_JSON_DEPTH, nul=True) if isinstance(value, dict | list | str) else None
+        _walk(value, MAX_JSON_DEPTH, strings=True) if isinstance(value, dict | list | str) else None
     )
-    if problem is not None:  # later steps recurse per level; PostgreSQL stores no NUL
+    if problem is not None:  # later steps recurse per level; PostgreSQL cannot store some
         raise InvalidInput(f"input holds {problem}, which cannot be accepted")
     if compiled.refusal is not None:
         raise InvalidInput(
