@@ -430,7 +430,7 @@ def completed(row: Mapping[str, Any], response: Response) -> Outcome:
             f" (HTTP {status}): {snippet} — is the endpoint URL right?",
             http_status=status,
         )
-    if isinstance(body, dict | list) and nested_too_deep(body):
+    if nested_too_deep(body):
         return too_deep(status)
     if _ESCAPED_UNSTORABLE.search(response.body):  # JSON spells them only so
         body = storable(body)

@@ -45,8 +45,9 @@ def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
 def _walk(value: Any, limit: int, strings: bool) -> str | None:
     """What is wrong with a JSON value: nesting deeper than ``limit``, or (``strings``) a
     character in a string or key that PostgreSQL cannot store. None: nothing."""
-    if strings and isinstance(value, str):
-        return UNSTORABLE_SAYS if UNSTORABLE.search(value) else None
+    if not isinstance(value, dict | list):
+        unstorable = strings and isinstance(value, str) and UNSTORABLE.search(value)
+        return UNSTORABLE_SAYS if unstorable else None
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
@@ -87,9 +88,7 @@ def validate_input(schema: Mapping[str, Any], value: Any) -> None:
 
 def check_input(compiled: SchemaValidator, value: Any) -> None:
     """``validate_input`` with the schema's validator already in hand."""
-    problem = (
-        _walk(value, MAX_JSON_DEPTH, strings=True) if isinstance(value, dict | list | str) else None
-    )
+    problem = _walk(value, MAX_JSON_DEPTH, strings=True)
     if problem is not None:  # later steps recurse per level; PostgreSQL cannot store some
         raise InvalidInput(f"input holds {problem}, which cannot be accepted")
     if compiled.refusal is not None:
