@@ -461,18 +461,14 @@ def _finite(text: str) -> float:
 
 
 _ESCAPED_UNSTORABLE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")  # U+0000, a surrogate
-# A number literal that may overflow a double (an exponent of 100 or more, or 300 digits):
-# only then is every float checked, one call each.
-_MAY_OVERFLOW = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}|[0-9]{300}")
 
 
 def parse_json(body: bytes) -> Any:
     """An answer's JSON, refusing what json.loads accepts but JSON has not and jsonb would
     refuse, failing the whole batch's write: NaN and Infinity, and numbers a double turns
     into infinity; and an integer longer than Python converts."""
-    floats = _finite if _MAY_OVERFLOW.search(body) else None
-    try:
-        return json.loads(body, parse_constant=_no_constant, parse_float=floats)
+    try:  # a float is checked as it is read (measured: no slower than json.loads alone)
+        return json.loads(body, parse_constant=_no_constant, parse_float=_finite)
     except (json.JSONDecodeError, UnicodeDecodeError, NotStorable):
         raise
     except ValueError:  # int(): more digits than sys.get_int_max_str_digits()
