@@ -207,40 +207,25 @@ def provision(url: str, upstream_url: str) -> Fixture:
         owner, "api_key", "bench", API_KEY_SECRET
     )
     registry = Registry(db, owner)
-    tool = registry.register_tool(
-        ToolSpec(
-            key=TOOL_KEY,
-            name="Benchmark POST",
+    agent_id = registry.create_agent(AGENT_NAME)
+    ids = {}
+    for key, method, place in ((TOOL_KEY, "POST", "body"), (READ_TOOL_KEY, "GET", "query")):
+        spec = ToolSpec(
+            key=key,
+            name=f"Benchmark {method}",
             endpoint_url=upstream_url,
-            http_method="POST",
+            http_method=method,
             egress_class="read_only",  # not gated: runnable as soon as invoked
             schema_input=INPUT_SCHEMA,
-            request_template={"body": {"n": "{{input.n}}"}},
+            request_template={place: {"n": "{{input.n}}"}},
             auth_method="api_key",
             credential_ref=cred,
             auth_param_name=API_KEY_HEADER,
             auth_param_prefix=API_KEY_PREFIX,
         )
-    )
-    registry.register_tool(
-        ToolSpec(
-            key=READ_TOOL_KEY,
-            name="Benchmark GET",
-            endpoint_url=upstream_url,
-            http_method="GET",
-            egress_class="read_only",
-            schema_input=INPUT_SCHEMA,
-            request_template={"query": {"n": "{{input.n}}"}},
-            auth_method="api_key",
-            credential_ref=cred,
-            auth_param_name=API_KEY_HEADER,
-            auth_param_prefix=API_KEY_PREFIX,
-        )
-    )
-    agent_id = registry.create_agent(AGENT_NAME)
-    registry.assign(AGENT_NAME, TOOL_KEY)
-    registry.assign(AGENT_NAME, READ_TOOL_KEY)
-    return Fixture(url, owner, agent_id, UUID(str(tool["id"])), master_key)
+        ids[key] = UUID(str(registry.register_tool(spec)["id"]))
+        registry.assign(AGENT_NAME, key)
+    return Fixture(url, owner, agent_id, ids[TOOL_KEY], master_key)
 
 
 def enqueue(fx: Fixture, n: int) -> None:

@@ -1,12 +1,14 @@
-"""An agent's input nested deeper than the worker can follow is refused at the door, with a
-clear error and no call made, however deep it is: one level over the bound is the input's
-422; far past what the JSON parser reads, the body's 400."""
+"""What the worker cannot follow or PostgreSQL cannot store is refused at the door, with a
+clear error and nothing made: an input nested deeper than the bound (one level over it is
+the input's 422; far past what the JSON parser reads, the body's 400), an input holding a
+NUL or an unpaired surrogate, and such a surrogate in any other text."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 
+import httpx
 import pytest
 
 from tests.api.conftest import Client, agent_client
@@ -20,6 +22,25 @@ def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
+@pytest.fixture
+def bot(make_owner: Callable[[], Client], upstream: Upstream, api: str) -> tuple[Client, Client]:
+    """An owner, and its agent ``bot`` assigned the tool ``echo``."""
+    owner = make_owner()
+    tool = {"name": "Echo", "endpoint_url": f"{upstream.base_url}/echo", "http_method": "POST",
+            "egress_class": "read_only"}  # fmt: skip
+    assert owner.put("/v1/tools/echo", json=tool).status_code == 200
+    agent = agent_client(api, owner, "bot")
+    assert owner.put("/v1/assignments/bot/echo").status_code == 200
+    return owner, agent
+
+
+def call(agent: Client, body: str) -> httpx.Response:
+    """``body`` as sent, byte for byte (no client re-encodes it)."""
+    return agent.post(
+        "/v1/agent/invocations", content=body, headers={"Content-Type": "application/json"}
+    )
+
+
 @pytest.mark.parametrize(
     ("depth", "status", "says"),
     [(MAX_JSON_DEPTH, 422, f"more than {MAX_JSON_DEPTH} levels deep"),  # with {"x": ...}
@@ -29,42 +50,23 @@ def test_an_input_nested_too_deep_makes_no_call(
     depth: int,
     status: int,
     says: str,
-    make_owner: Callable[[], Client],
-    upstream: Upstream,
-    api: str,
+    bot: tuple[Client, Client],
     db: Database,
 ) -> None:
-    owner = make_owner()
-    tool = {"name": "Echo", "endpoint_url": f"{upstream.base_url}/echo", "http_method": "POST",
-            "egress_class": "read_only"}  # fmt: skip
-    assert owner.put("/v1/tools/echo", json=tool).status_code == 200
-    agent = agent_client(api, owner, "bot")
-    assert owner.put("/v1/assignments/bot/echo").status_code == 200
-    body = '{"tool": "echo", "input": {"x": ' + nested(depth) + "}}"
-    answer = agent.post(
-        "/v1/agent/invocations", content=body, headers={"Content-Type": "application/json"}
-    )
+    owner, agent = bot
+    answer = call(agent, '{"tool": "echo", "input": {"x": ' + nested(depth) + "}}")
     assert answer.status_code == status, answer.text[:500]
     assert says in answer.json()["error"]["message"]
     assert count_invocations(db, owner.owner) == 0
 
 
-def test_an_input_jsonb_cannot_hold_makes_no_call(
-    make_owner: Callable[[], Client], upstream: Upstream, api: str, db: Database
-) -> None:
+def test_an_input_jsonb_cannot_hold_makes_no_call(bot: tuple[Client, Client], db: Database) -> None:
     """PostgreSQL stores no U+0000 and no unpaired surrogate: the door says so (422), rather
     than the insert failing."""
-    owner = make_owner()
-    tool = {"name": "Echo", "endpoint_url": f"{upstream.base_url}/echo", "http_method": "POST",
-            "egress_class": "read_only"}  # fmt: skip
-    assert owner.put("/v1/tools/echo", json=tool).status_code == 200
-    agent = agent_client(api, owner, "bot")
-    assert owner.put("/v1/assignments/bot/echo").status_code == 200
+    owner, agent = bot
     for value in ({"x": "a\u0000b"}, {"a\u0000b": 1}, {"x": ["a\ud800"]}):
-        body = json.dumps({"tool": "echo", "input": value})  # ASCII: "\\u0000", "\\ud800"
-        answer = agent.post(
-            "/v1/agent/invocations", content=body, headers={"Content-Type": "application/json"}
-        )
+        # json.dumps escapes to ASCII: "\\u0000", "\\ud800" as a client would send them
+        answer = call(agent, json.dumps({"tool": "echo", "input": value}))
         assert answer.status_code == 422, answer.text[:500]
         assert "NUL" in answer.json()["error"]["message"]
     assert count_invocations(db, owner.owner) == 0

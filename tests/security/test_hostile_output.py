@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 import pytest
 from aiohttp import web
@@ -44,6 +46,30 @@ def read_tool(registry: Registry, key: str, url: str, **fields: Any) -> None:
     registry.assign("bot", key)
 
 
+@dataclass
+class SideBySide:
+    """One owner's call to the hostile path, and another owner's to /fine, made together."""
+
+    hostile: Registry
+    call: UUID
+    other: Registry
+    fine: UUID
+
+    def outcome(self) -> dict[str, Any]:
+        assert self.other.get_invocation(self.fine)["status"] == "completed"
+        return self.hostile.get_invocation(self.call)
+
+
+def side_by_side(
+    make_registry: Callable[[], Registry], upstream: Upstream, path: str, **fields: Any
+) -> SideBySide:
+    hostile, other = make_registry(), make_registry()
+    read_tool(hostile, "hostile.read", f"{upstream.base_url}{path}", **fields)
+    read_tool(other, "fine.read", f"{upstream.base_url}/fine")
+    return SideBySide(hostile, hostile.invoke("bot", "hostile.read", {}),
+                      other, other.invoke("bot", "fine.read", {}))  # fmt: skip
+
+
 # One level over the bound; and far beyond what Python's parser itself can read.
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 100_000])
 async def test_a_deeply_nested_answer_fails_its_call_alone(
@@ -51,16 +77,11 @@ async def test_a_deeply_nested_answer_fails_its_call_alone(
 ) -> None:
     upstream.routes["/deep"] = answering(nested(depth))
     upstream.routes["/fine"] = answering(b'{"ok": true}')
-    hostile, other = make_registry(), make_registry()
-    read_tool(hostile, "deep.read", f"{upstream.base_url}/deep", schema_output=RECURSIVE)
-    read_tool(other, "fine.read", f"{upstream.base_url}/fine")
-    deep = hostile.invoke("bot", "deep.read", {})
-    fine = other.invoke("bot", "fine.read", {})
+    made = side_by_side(make_registry, upstream, "/deep", schema_output=RECURSIVE)
 
     await drain(lease_seconds=30.0)  # a task that died would hold the drain for 30 s
 
-    assert other.get_invocation(fine)["status"] == "completed"
-    call = hostile.get_invocation(deep)
+    call = made.outcome()
     assert (call["status"], call["error_code"]) == ("failed", "invalid_output")
     assert f"more than {MAX_JSON_DEPTH} levels deep" in call["error"]
     assert call["output"] is None
@@ -184,18 +205,13 @@ async def test_a_number_jsonb_cannot_hold_fails_its_call_alone(
     upstream.routes["/fine"] = answering(
         b'{"ok": true, "big": 1e300, "long": ' + b"7" * 4000 + b"}"
     )
-    hostile, other = make_registry(), make_registry()
-    read_tool(hostile, "odd.read", f"{upstream.base_url}/odd")
-    read_tool(other, "fine.read", f"{upstream.base_url}/fine")
-    odd = hostile.invoke("bot", "odd.read", {})
-    fine = other.invoke("bot", "fine.read", {})
+    made = side_by_side(make_registry, upstream, "/odd")
 
     await drain(lease_seconds=30.0)
 
-    kept = other.get_invocation(fine)
-    assert kept["status"] == "completed"  # in range: kept (jsonb holds 1e300 as a numeric)
-    assert (kept["output"]["big"], kept["output"]["long"]) == (10**300, int("7" * 4000))
-    call = hostile.get_invocation(odd)
+    call = made.outcome()
+    kept = made.other.get_invocation(made.fine)["output"]  # in range: kept (1e300: a numeric)
+    assert (kept["big"], kept["long"]) == (10**300, int("7" * 4000))
     assert (call["status"], call["error_code"]) == ("failed", "invalid_output")
     assert says in call["error"]
     assert upstream.hits["/odd"] == 1
@@ -225,17 +241,12 @@ async def test_a_result_the_database_refuses_takes_no_other_result_with_it(
 
     upstream.routes["/nul"] = await together(b'{"x": "a\\u0000b"}')
     upstream.routes["/fine"] = await together(b'{"ok": true}')
-    hostile, other = make_registry(), make_registry()
-    read_tool(hostile, "nul.read", f"{upstream.base_url}/nul")
-    read_tool(other, "fine.read", f"{upstream.base_url}/fine")
-    refused = hostile.invoke("bot", "nul.read", {})
-    fine = other.invoke("bot", "fine.read", {})
+    made = side_by_side(make_registry, upstream, "/nul")
 
     await drain(lease_seconds=30.0)
 
-    assert (other.get_invocation(fine)["status"], other.get_invocation(fine)["output"]) == (
-        "completed", {"ok": True})  # fmt: skip
-    call = hostile.get_invocation(refused)
+    call = made.outcome()
+    assert made.other.get_invocation(made.fine)["output"] == {"ok": True}
     assert (call["status"], call["output"]) == ("completed", None)
     assert "the database refused to store what the upstream answered" in call["output_mismatch"]
     assert upstream.hits["/nul"] == 1 and len(call["attempts"]) == 1
