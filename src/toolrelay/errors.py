@@ -145,3 +145,9 @@ class ApprovalExpired(InvocationError):
 
 class NoEndpoint(InvocationError):
     code = "no_endpoint"
+
+
+class DispatchError(InvocationError):
+    """The worker failed on this call itself (a bug): recorded at once, not sent again."""
+
+    code = "dispatch_error"

@@ -51,7 +51,7 @@ from toolrelay.dispatch.preflight import (
     describe_database,
 )
 from toolrelay.dispatch.store import DispatchStore, Row, open_pool
-from toolrelay.errors import ConfigurationError, CredentialError
+from toolrelay.errors import ConfigurationError, CredentialError, DispatchError
 from toolrelay.notify.deliver import run_in_worker as deliver_webhooks
 from toolrelay.registry.service import Claim
 
@@ -830,6 +830,6 @@ def failed_here(row: Mapping[str, Any], attempt: Attempt, exc: Exception) -> Out
             " reached the upstream, so it is not sent again",
         )
     return Outcome.failed(
-        "dispatch_error",
+        DispatchError.code,
         f"the worker failed on this call ({type(exc).__name__}); it was not sent again",
     )
