@@ -268,3 +268,51 @@ async def test_egress_guard_refusal_is_not_retried(
         with pytest.raises(EgressBlocked):
             await resolver.resolve(cid, HOST, 443, guarded)
     assert token_server.requests == []
+
+
+# What a token endpoint may answer that no header or datetime can take. The access token
+# goes into a header: a line break there is header injection (aiohttp refuses to send it, and
+# the call failed as a network error). A lifetime a datetime cannot add made the refreshed
+# tokens unstorable: a refresh token the server had just rotated was lost with them.
+@pytest.mark.parametrize("access", ["tok\r\nX-Injected: 1", "tok\x00", "t\u00f6k"])
+async def test_an_access_token_that_is_not_printable_ascii_is_refused(
+    access: str,
+    store: CredentialStore,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    cid, _ = add_oauth(store, owner_a, token_server)
+    token_server.queued = [(200, {"access_token": access, "token_type": "Bearer"})]
+    with pytest.raises(CredentialError, match="printable ASCII"):
+        await resolver.resolve(cid, HOST, 443, http)
+
+
+@pytest.mark.parametrize(
+    ("expires_in", "lifetime"),
+    [(float("inf"), None), (float("nan"), None), (-5, None), (10**20, 365 * 24 * 3600),
+     ("9" * 5000, None), (120, 120)],
+)  # fmt: skip
+async def test_a_lifetime_no_datetime_can_take_is_read_as_sane(
+    expires_in: Any,
+    lifetime: int | None,
+    store: CredentialStore,
+    database: Database,
+    resolver: CredentialResolver,
+    token_server: TokenServer,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    token_server.rotate_refresh_tokens = True
+    cid, _ = add_oauth(store, owner_a, token_server)
+    token_server.expires_in = expires_in
+    token = await resolver.resolve(cid, HOST, 443, http)
+    assert token == token_server.issued[-1]  # refreshed and stored, the rotation kept
+    _, expires_at = status_and_expiry(database, cid)
+    if lifetime is None:
+        assert expires_at is None
+    else:
+        assert expires_at is not None
+        left = (expires_at - datetime.now(UTC)).total_seconds()
+        assert lifetime - 60 < left <= lifetime

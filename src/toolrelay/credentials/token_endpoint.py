@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 
 MAX_RESPONSE_BYTES = 64 * 1024
 _ERROR_CODE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# RFC 6749 A.12: an access token is printable ASCII. It goes into a header: anything else
+# (a line break above all) is refused, not sent.
+_ACCESS_TOKEN = re.compile(r"[\x20-\x7e]+")
+MAX_LIFETIME_S = 365 * 24 * 3600  # a longer expires_in is read as a year
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,18 @@ async def _once(
     return _token_response(data, where)
 
 
+def _lifetime(value: Any) -> float | None:
+    """``expires_in`` as seconds a datetime can take: a positive finite number (a string of
+    digits too, as some servers send), at most MAX_LIFETIME_S; None (unknown) otherwise."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= 12:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value <= 0:
+        return None
+    return min(value, MAX_LIFETIME_S)
+
+
 def _json(body: bytes) -> Any:
     try:
         return json.loads(body)
@@ -125,11 +142,12 @@ def _token_response(data: Any, where: str) -> TokenResponse:
     access = data.get("access_token")
     if not isinstance(access, str) or not access:
         raise CredentialError(f"token endpoint {where}: the answer has no access_token")
-    expires_in = data.get("expires_in")
-    if isinstance(expires_in, str) and expires_in.isdigit():
-        expires_in = int(expires_in)  # some servers send a string
-    if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
-        expires_in = None
+    if not _ACCESS_TOKEN.fullmatch(access):
+        raise CredentialError(
+            f"token endpoint {where}: the access_token is not printable ASCII (RFC 6749);"
+            " it was not used"
+        )
+    expires_in = _lifetime(data.get("expires_in"))
     refresh = data.get("refresh_token")
     scope, id_token = data.get("scope"), data.get("id_token")
     return TokenResponse(
