@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -12,7 +13,7 @@ from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import agent_with_tool
 from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
 from toolrelay.db import Database
-from toolrelay.dispatch.worker import Worker
+from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.registry import Registry
 
 Drain = Callable[..., Awaitable[Worker]]
@@ -154,3 +155,20 @@ async def test_reset_on_a_reused_connection_is_one_recorded_attempt(
     assert (got["status"], got["error_code"]) == ("failed", "network_error")
     assert len(got["attempts"]) == 1
     assert upstream.by_invocation[str(second)] == 1  # aiohttp did not quietly send it again
+
+
+async def test_a_changed_concurrency_limit_applies_to_the_next_calls_claimed(
+    database_url: str,
+) -> None:
+    """An owner lowers a tool's max_concurrency because its upstream is melting: the running
+    worker must not keep the limit it first saw (it did, until restarted). Calls claimed
+    after the change share a limiter of the new size; those already sending keep theirs."""
+    worker = Worker(database_url, WorkerSettings(concurrency=16), None)
+    tool = uuid.uuid4()
+    first = worker._tool_limit({"tool_id": tool, "max_concurrency": 3})
+    assert first is worker._tool_limit({"tool_id": tool, "max_concurrency": 3})  # shared
+    lowered = worker._tool_limit({"tool_id": tool, "max_concurrency": 1})
+    assert lowered is not None and lowered is not first
+    async with lowered:
+        assert lowered.locked()  # one call at a time from now on
+    assert worker._tool_limit({"tool_id": tool, "max_concurrency": None}) is None

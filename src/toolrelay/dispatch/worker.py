@@ -152,7 +152,7 @@ class Worker:
         self.stopping = asyncio.Event()
         self.inflight: dict[UUID, asyncio.Task[None]] = {}  # claimed, result not recorded
         self.sending = 0  # of those, outcome not decided yet: they hold a slot
-        self.tool_limits: dict[UUID, asyncio.Semaphore] = {}
+        self.tool_limits: dict[UUID, tuple[int, asyncio.Semaphore]] = {}  # by tool: size
         self.recording: set[UUID] = set()
         # Calls this process is making, claimed for this worker as they are inserted
         # (``reserve``/``adopt``, migration 0036): each holds a slot until its row starts.
@@ -477,11 +477,15 @@ class Worker:
         return await self.executor.run(row, attempt)
 
     def _tool_limit(self, row: Mapping[str, Any]) -> asyncio.Semaphore | None:
-        if not row["max_concurrency"]:
+        """The limiter a call of this tool waits on, of the size the claim read: a limit the
+        owner changed applies to the calls claimed after it (those sending keep theirs)."""
+        limit = row["max_concurrency"]
+        if not limit:
             return None
-        return self.tool_limits.setdefault(
-            row["tool_id"], asyncio.Semaphore(row["max_concurrency"])
-        )
+        held = self.tool_limits.get(row["tool_id"])
+        if held is None or held[0] != limit:
+            held = self.tool_limits[row["tool_id"]] = (limit, asyncio.Semaphore(limit))
+        return held[1]
 
     async def _before_send(self, row: Mapping[str, Any]) -> bool:
         """Durably mark a write as possibly sent; False when our lease is gone."""
