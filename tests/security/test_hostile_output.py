@@ -46,6 +46,29 @@ def read_tool(registry: Registry, key: str, url: str, **fields: Any) -> None:
     registry.assign("bot", key)
 
 
+def answered_together(upstream: Upstream, bodies: dict[str, bytes]) -> None:
+    """Routes answering once each of them has its request, one after the other in the order
+    given: their results share a batch, the first path's first."""
+    arrived = asyncio.Event()
+    turns = {path: asyncio.Event() for path in bodies}
+    order = list(bodies)
+
+    def route(path: str, body: bytes) -> Callable[[web.Request, int], Awaitable[web.Response]]:
+        async def handler(_request: web.Request, _hit: int) -> web.Response:
+            if all(upstream.hits[p] for p in order):
+                arrived.set()
+            await arrived.wait()
+            if order.index(path):
+                await turns[order[order.index(path) - 1]].wait()
+            turns[path].set()
+            return web.Response(body=body, content_type="application/json")
+
+        return handler
+
+    for path, body in bodies.items():
+        upstream.routes[path] = route(path, body)
+
+
 @dataclass
 class SideBySide:
     """One owner's call to the hostile path, and another owner's to /fine, made together."""
@@ -228,19 +251,7 @@ async def test_a_result_the_database_refuses_takes_no_other_result_with_it(
     result is then written alone: the other owner's call keeps its answer, and the refused
     one keeps its outcome (completed: its side effect happened) without the output."""
     monkeypatch.setattr(executor, "storable", lambda value: value)
-    both = asyncio.Event()
-
-    async def together(body: bytes) -> Callable[[web.Request, int], Awaitable[web.Response]]:
-        async def handler(_request: web.Request, _hit: int) -> web.Response:
-            if upstream.hits["/nul"] + upstream.hits["/fine"] == 2:
-                both.set()
-            await both.wait()  # answered at once: their results share a batch
-            return web.Response(body=body, content_type="application/json")
-
-        return handler
-
-    upstream.routes["/nul"] = await together(b'{"x": "a\\u0000b"}')
-    upstream.routes["/fine"] = await together(b'{"ok": true}')
+    answered_together(upstream, {"/nul": b'{"x": "a\\u0000b"}', "/fine": b'{"ok": true}'})
     made = side_by_side(make_registry, upstream, "/nul")
 
     await drain(lease_seconds=30.0)
@@ -250,3 +261,33 @@ async def test_a_result_the_database_refuses_takes_no_other_result_with_it(
     assert (call["status"], call["output"]) == ("completed", None)
     assert "the database refused to store what the upstream answered" in call["output_mismatch"]
     assert upstream.hits["/nul"] == 1 and len(call["attempts"]) == 1
+
+
+async def test_a_result_refused_even_without_its_answer_leaves_the_rest_of_its_batch(
+    make_registry: Callable[[], Registry],
+    upstream: Upstream,
+    drain: Drain,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A value the rewrite keeps (here a NUL put into the attempt's recorded URL, standing for
+    one nobody foresaw): the refused call is left to its lease, and the result written after
+    it in the same batch is still written (before, the rewrite's error stopped the loop and
+    every result of the batch was lost with it)."""
+    monkeypatch.setattr(executor, "storable", lambda value: value)
+    record = executor.Attempt.record
+
+    def poisoned(attempt: executor.Attempt, row: Any, outcome: Any) -> dict[str, Any]:
+        recorded = record(attempt, row, outcome)
+        if row["tool_key"] == "hostile.read" and row["attempt"] == 1:
+            recorded["request_url"] = "http://x/\x00"
+        return recorded
+
+    monkeypatch.setattr(executor.Attempt, "record", poisoned)
+    answered_together(upstream, {"/nul": b'{"x": "a\\u0000b"}', "/fine": b'{"ok": true}'})
+    made = side_by_side(make_registry, upstream, "/nul")
+
+    await drain(lease_seconds=2.0)  # the refused call's lease runs out; it is claimed again
+
+    assert made.other.get_invocation(made.fine)["output"] == {"ok": True}
+    assert made.hostile.get_invocation(made.call)["status"] == "failed"  # gave up, attempt 2
+    assert upstream.hits["/fine"] == 1

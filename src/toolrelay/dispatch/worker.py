@@ -560,32 +560,46 @@ class Worker:
         try:
             return await self.store.finish([r for r, _ in items], [a for _, a in items])
         except psycopg.DataError as exc:
-            if len(items) > 1:
-                log.warning(
-                    "the database refused a result batch; recording each alone",
-                    extra={"action": "finish_split", "error": type(exc).__name__,
-                           "calls": len(items)},
-                )  # fmt: skip
-                written: dict[UUID, Row] = {}
-                for item in items:
-                    written |= await self._finish([item])
-                return written
-            result, attempt = items[0]
-            log.error(
-                "the database refused a call's result",
-                extra={"action": "finish_refused", "invocation_id": result["id"],
-                       "error": type(exc).__name__, "sqlstate": exc.sqlstate},
+            if len(items) == 1:
+                return await self._finish_refused(*items[0], exc)
+            log.warning(
+                "the database refused a result batch; recording each alone",
+                extra={"action": "finish_split", "error": type(exc).__name__,
+                       "calls": len(items)},
             )  # fmt: skip
-            note = (
-                f"the database refused to store what the upstream answered ({type(exc).__name__})"
-            )
-            kept = result | {"output": None, "output_mismatch": None}
-            if result["status"] == "completed":
-                kept["output_mismatch"] = f"{note}; the output was not kept"
-            else:
-                kept["error"] = f"{note}; the error text was not kept"
-            noted = attempt | {"error": None if attempt["error"] is None else kept["error"]}
+            written: dict[UUID, Row] = {}
+            for item in items:
+                written |= await self._finish([item])
+            return written
+
+    async def _finish_refused(
+        self, result: Row, attempt: Row, exc: psycopg.DataError
+    ) -> dict[UUID, Row]:
+        """One result the database refused, written again without the upstream's output and
+        texts. Refused again (a value elsewhere in it), it is not written at all: the call is
+        left to its lease, and the other results of its batch are still written."""
+        log.error(
+            "the database refused a call's result",
+            extra={"action": "finish_refused", "invocation_id": result["id"],
+                   "error": type(exc).__name__, "sqlstate": exc.sqlstate},
+        )  # fmt: skip
+        what = "output" if result["status"] == "completed" else "error text"
+        note = (
+            f"the database refused to store what the upstream answered ({type(exc).__name__});"
+            f" the {what} was not kept"
+        )
+        kept = result | {"output": None, "output_mismatch": None}
+        kept["output_mismatch" if result["status"] == "completed" else "error"] = note
+        noted = attempt | {"error": note if attempt["error"] is not None else None}
+        try:
             return await self.store.finish([kept], [noted])
+        except psycopg.DataError as again:
+            log.error(
+                "the database refused a call's result twice; leaving the call to its lease",
+                extra={"action": "finish_refused", "invocation_id": result["id"],
+                       "error": type(again).__name__, "sqlstate": again.sqlstate},
+            )  # fmt: skip
+            return {}
 
     # --- what it says about itself --------------------------------------------------------
 
