@@ -17,8 +17,8 @@ What it costs per call: c=1 p50/p99, 16 sessions' calls/s, its process's CPU per
   refuses a default or weak JWT key).
 - Register, as its platform admin (a JWT from its own ``mcpgateway.utils.create_jwt_token``,
   the way its docs mint a test token): a REST tool that GETs the upstream with ``n`` in the
-  query, as toolrelay's read tool does, with the same ``X-Api-Key`` header (stored encrypted, as its ``authheaders`` auth), marked
-  read-only; a virtual server exposing it, whose MCP door is ``/servers/<id>/mcp``; one API
+  query, as toolrelay's read tool does, with the same ``X-Api-Key`` header (stored
+  encrypted, as its ``authheaders`` auth), marked read-only; a virtual server exposing it, whose MCP door is ``/servers/<id>/mcp``; one API
   token per session (``POST /tokens``: stored, checked per request, as toolrelay's are).
 """
 

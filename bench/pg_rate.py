@@ -2,12 +2,12 @@
 [--quick]`` (bench/RESULTS.md, "PostgreSQL's own rate").
 
 bench/invoke.py drives its invokers from Python threads in the harness, whose CPU (0.2 to 0.6
-of this machine's 2 cores) competes with the server it measures. Here pgbench (C: 10 to 40 µs
-of CPU a transaction, reported apart) sends the same one-round-trip strings the real code sends (captured as in
-bench/instructions.py: BEGIN, the identity, the statement, COMMIT), from 8 and from 32
-connections, ROUNDS alternating rounds, with migration 0016's protocol on (calls notify only
-while a worker sleeps: what a busy fleet sees) and, for the owner's invoke, with every call
-notifying. Two floors made on the same server in the same run: an empty transaction and a
+of this machine's 2 cores) competes with the server it measures. Here pgbench (C: 10 to 40
+µs of CPU a transaction, reported apart) sends the same one-round-trip strings the real code
+sends (captured as in bench/instructions.py: BEGIN, the identity, the statement, COMMIT),
+from 8 and from 32 connections, ROUNDS alternating rounds, with migration 0016's protocol on
+(calls notify only while a worker sleeps: what a busy fleet sees) and, for the owner's
+invoke, with every call notifying. Two floors made on the same server in the same run: an empty transaction and a
 durable one-row INSERT into a table of one column, and one diagnostic: the owner's invoke
 with ``synchronous_commit = off`` (what the WAL flush at each commit costs; never shipped).
 Counted per row: transactions per second (median of the rounds, and each round), the whole

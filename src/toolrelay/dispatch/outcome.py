@@ -193,5 +193,5 @@ def storable(value: Any) -> Any:
 
 
 def trim(text: str, limit: int = ERROR_BODY_CHARS) -> str:
-    text = " ".join(UNSTORABLE.sub(REPLACEMENT, text).split())
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit] + TRIMMED
