@@ -7,15 +7,18 @@ the event loop: its keys may need fetching) and acts as the agent bound to its s
 The rate limit counts tool calls only (429 with Retry-After, the body saying the same). The caller is kept on the ASGI scope, where the MCP handlers read it from the
 request that carried each message, so every message acts as the agent whose token came
 with it. The SDK also binds a session to the agent that opened it: another agent's token
-presenting that session id gets 404, as if it did not exist.
+presenting that session id gets 404, as if it did not exist; and each agent holds at most
+its share of the process's sessions (sessions.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Final
+from uuid import UUID
 
 from fastapi import APIRouter, FastAPI
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -24,6 +27,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_REQUEST
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.authentication import AuthCredentials
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -36,6 +40,7 @@ from toolrelay.api.auth import failures_limited, limit, presented
 from toolrelay.api.errors import RateLimited, error_response, toolrelay_error_response
 from toolrelay.api.limits import retry_after_seconds
 from toolrelay.errors import ConfigurationError, PermissionDenied, ToolrelayError
+from toolrelay.mcp.limits import MAX_SESSIONS
 from toolrelay.mcp.oauth import (
     AUTHORIZATION_SERVERS_ENV,
     OAuthBindings,
@@ -43,6 +48,7 @@ from toolrelay.mcp.oauth import (
     authorization_servers,
 )
 from toolrelay.mcp.server import STATUS_TOOL, McpSettings, agent_only, build_server
+from toolrelay.mcp.sessions import SessionShare
 from toolrelay.notify.payloads import PUBLIC_URL_ENV, public_url
 from toolrelay.tokens import Caller, Unauthenticated
 
@@ -59,6 +65,8 @@ __all__ = [
     "mount_mcp",
 ]
 
+log = logging.getLogger("toolrelay.mcp")
+
 MCP_PATH: Final = "/mcp"
 # RFC 9728: where an MCP client finds how to get a token for /mcp (the path-suffixed form,
 # and the bare one for clients that look there).
@@ -67,7 +75,8 @@ METADATA_PATHS: Final = ("/.well-known/oauth-protected-resource/mcp",
 SCOPE_KEY: Final = "toolrelay.caller"
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 SESSION_IDLE_TIMEOUT: Final = 30 * 60.0  # seconds; a client then opens a new session
-MAX_SESSIONS: Final = 1000
+SESSION_HEADER: Final = "mcp-session-id"
+VERSION_HEADER: Final = "mcp-protocol-version"
 
 
 async def caller_from_request(ctx: ServerRequestContext[Any, Any]) -> Caller:
@@ -129,6 +138,8 @@ class McpEndpoint:
             session_idle_timeout=SESSION_IDLE_TIMEOUT,
             max_sessions=MAX_SESSIONS,
         )
+        per_agent = (settings or McpSettings()).sessions_per_agent
+        self.sessions = SessionShare(per_agent, SESSION_IDLE_TIMEOUT)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -139,7 +150,7 @@ class McpEndpoint:
             await response(scope, receive, send)
             return
         token = _bearer(request)
-        calls = (False, False)
+        calls, body = (False, False), b""
         try:
             if scope.get("method") == "POST":
                 body, receive = await _buffered(receive)
@@ -150,6 +161,8 @@ class McpEndpoint:
                 caller = agent_only(await self._authenticate(request, deferred=calls[1]))
             if calls[0]:
                 self._limit(caller)
+            opening = scope.get("method") == "POST" and _opens_session(request, body)
+            victim = self._admit(caller) if opening else None
         except ToolrelayError as exc:
             response = toolrelay_error_response(exc)
             if isinstance(exc, Unauthenticated):  # MCP's authorization: say where to look
@@ -170,7 +183,99 @@ class McpEndpoint:
         )
         scope["user"] = AuthenticatedUser(principal)
         scope["auth"] = AuthCredentials([])
-        await self.manager.handle_request(scope, receive, send)
+        if opening:
+            await self._open(caller, victim, scope, receive, send)
+        else:
+            await self._on_session(caller, request, scope, receive, send)
+
+    def _admit(self, caller: Caller) -> str | None:
+        """Room for one more session of this agent: the session to end first, if any."""
+        admitted, victim = self.sessions.admit(_agent(caller))
+        if not admitted:
+            raise RateLimited(
+                f"this agent has {self.sessions.per_agent} MCP sessions open, each with a"
+                " request in flight (TOOLRELAY_MCP_SESSIONS_PER_AGENT); end one (DELETE /mcp"
+                " with its Mcp-Session-Id) or retry once one is idle",
+                1.0,
+            )
+        return victim
+
+    async def _open(
+        self, caller: Caller, victim: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """An admitted opening request: end the session it takes the place of, then let the
+        SDK open the new one, and count it when its answer says it was opened."""
+        session: str | None = None
+        status = 500
+
+        async def watch(message: Message) -> None:
+            nonlocal session, status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = dict(message.get("headers", []))
+                raw = headers.get(SESSION_HEADER.encode("ascii"))
+                session = raw.decode("latin-1") if raw is not None else None
+            await send(message)
+
+        try:
+            if victim is not None:
+                await self._end_session(caller, victim, scope)
+            await self.manager.handle_request(scope, receive, watch)
+        finally:
+            if session is not None and status < 400:
+                self.sessions.opened(_agent(caller), session)
+            self.sessions.settled(_agent(caller))
+
+    async def _on_session(
+        self, caller: Caller, request: Request, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Any other request: counted in flight on its session while it is served."""
+        session = request.headers.get(SESSION_HEADER)
+        if session is None or not self.sessions.begin(_agent(caller), session):
+            await self.manager.handle_request(scope, receive, send)
+            return
+        status = 500
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.manager.handle_request(scope, receive, watch)
+        finally:
+            closed = scope.get("method") == "DELETE" and status < 300
+            self.sessions.end(_agent(caller), session, ended=closed or status == 404)
+
+    async def _end_session(self, caller: Caller, session: str, scope: Scope) -> None:
+        """End one of the caller's own sessions to make room, as its client's DELETE would
+        (the SDK checks it is the same agent's); its client's next request gets 404."""
+        kept = ("type", "http_version", "scheme", "server", "client", "user", "auth")
+        ending: dict[str, Any] = {key: scope[key] for key in kept if key in scope}
+        ending |= {
+            "method": "DELETE", "path": MCP_PATH, "raw_path": MCP_PATH.encode(),
+            "root_path": "", "query_string": b"",
+            "headers": [(SESSION_HEADER.encode("ascii"), session.encode("latin-1"))],
+        }  # fmt: skip
+        asked = False
+
+        async def receive() -> Message:
+            nonlocal asked
+            if asked:
+                return {"type": "http.disconnect"}
+            asked = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def discard(_: Message) -> None:
+            return None
+
+        await self.manager.handle_request(ending, receive, discard)
+        log.info(
+            "an MCP session was ended to make room for a newer one of the same agent",
+            extra={"action": "mcp_session_ended", "agent_id": str(caller.agent_id),
+                   "reason": "sessions_per_agent", "per_agent": self.sessions.per_agent},
+        )  # fmt: skip
 
     async def _authenticate(self, request: Request, deferred: bool) -> Caller:
         """As /v1 does, but a valid token spends no rate token here: only tool calls do
@@ -250,6 +355,28 @@ async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return body, replay
+
+
+def _agent(caller: Caller) -> UUID:
+    """The agent a /mcp caller is (``agent_only`` and the OAuth binding made sure of it)."""
+    if caller.agent_id is None:
+        raise PermissionDenied("/mcp serves agents only")
+    return caller.agent_id
+
+
+def _opens_session(request: Request, body: bytes) -> bool:
+    """A POST without a session id holding ``initialize``, in a protocol version that has
+    sessions: what makes the SDK open one."""
+    if SESSION_HEADER in request.headers:
+        return False
+    version = request.headers.get(VERSION_HEADER)
+    if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        return False
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("method") == "initialize"
 
 
 def _tool_calls(body: bytes) -> tuple[bool, bool]:

@@ -52,7 +52,14 @@ from toolrelay.errors import (
 )
 from toolrelay.export.names import key_for, may_be_exported
 from toolrelay.mcp.changes import ListWatch
-from toolrelay.mcp.limits import DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, WAIT_ENV
+from toolrelay.mcp.limits import (
+    DEFAULT_SESSIONS_PER_AGENT,
+    DEFAULT_WAIT_SECONDS,
+    MAX_SESSIONS,
+    MAX_WAIT_SECONDS,
+    SESSIONS_PER_AGENT_ENV,
+    WAIT_ENV,
+)
 from toolrelay.mcp.pages import after_key, page
 from toolrelay.registry import Registry
 from toolrelay.registry.service import Called, Claim
@@ -100,9 +107,11 @@ log = logging.getLogger("toolrelay.mcp")
 
 @dataclass(frozen=True)
 class McpSettings:
-    """How long ``tools/call`` waits for an outcome."""
+    """How long ``tools/call`` waits for an outcome; how many MCP sessions (streamable
+    HTTP) each agent may have open at once in a process."""
 
     wait_seconds: float = DEFAULT_WAIT_SECONDS
+    sessions_per_agent: int = DEFAULT_SESSIONS_PER_AGENT
 
     def __post_init__(self) -> None:
         if not 0 <= self.wait_seconds <= MAX_WAIT_SECONDS:
@@ -110,17 +119,32 @@ class McpSettings:
                 f"the MCP wait must be between 0 and {MAX_WAIT_SECONDS:g} seconds,"
                 f" got {self.wait_seconds:g}"
             )
+        if not 1 <= self.sessions_per_agent <= MAX_SESSIONS:
+            raise ConfigurationError(
+                f"{SESSIONS_PER_AGENT_ENV} must be between 1 and {MAX_SESSIONS} (the sessions"
+                f" a process holds), got {self.sessions_per_agent}"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> McpSettings:
-        """TOOLRELAY_MCP_WAIT_SECONDS, else the default bound."""
-        raw = (os.environ if environ is None else environ).get(WAIT_ENV, "").strip()
-        if not raw:
-            return cls()
-        try:
-            return cls(wait_seconds=float(raw))
-        except ValueError:
-            raise ConfigurationError(f"{WAIT_ENV} is not a number: {raw!r}") from None
+        """TOOLRELAY_MCP_WAIT_SECONDS and TOOLRELAY_MCP_SESSIONS_PER_AGENT, else defaults."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        raw = env.get(WAIT_ENV, "").strip()
+        if raw:
+            try:
+                values["wait_seconds"] = float(raw)
+            except ValueError:
+                raise ConfigurationError(f"{WAIT_ENV} is not a number: {raw!r}") from None
+        raw = env.get(SESSIONS_PER_AGENT_ENV, "").strip()
+        if raw:
+            try:
+                values["sessions_per_agent"] = int(raw)
+            except ValueError:
+                raise ConfigurationError(
+                    f"{SESSIONS_PER_AGENT_ENV} is not a whole number: {raw!r}"
+                ) from None
+        return cls(**values)
 
 
 # --- tool definitions ---------------------------------------------------------------------
