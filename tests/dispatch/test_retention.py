@@ -61,7 +61,8 @@ def test_claim_scans_only_the_runnable_index(registry: Registry, db: Database) -
         conn.execute("ANALYZE agents.tool_invocations")
         claim = load("dispatch")["claim"]
         plan = conn.execute(
-            "EXPLAIN " + claim, {"limit": 64, "worker": "explain", "lease": 30}
+            "EXPLAIN " + claim,
+            {"limit": 64, "worker": "explain", "lease": 30, "busy": "{}", "full": []},
         ).fetchall()
     text = "\n".join(str(next(iter(r.values()))) for r in plan)
     assert "tool_invocations_runnable_idx" in text

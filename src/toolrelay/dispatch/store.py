@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -16,6 +16,8 @@ from toolrelay.db.queries import load
 from toolrelay.errors import ConfigurationError
 
 Row = dict[str, Any]
+# A worker's limited tools: calls of each it holds unsent, and those with no room left.
+Busy = tuple[Mapping[UUID, int], Sequence[UUID]]
 # The part of `finish` that makes a worker whose lease was taken over write nothing.
 FINISH_FENCE = " AND i.attempt = r.attempt AND i.lease_owner = %(worker)s"
 FINISH_ROWS = "SELECT done.*"  # what `finish` returns: the rows it wrote
@@ -121,11 +123,14 @@ class DispatchStore:
         if os.environ.get("TOOLRELAY_TEST_UNSAFE_NO_FENCING") == "1":
             self.finish_query = self.finish_query.replace(FINISH_FENCE, "")
 
-    async def claim(self, limit: int, lease_seconds: float, wake: bool = False) -> list[Row]:
-        """``wake``: this worker was registered asleep; the claim ends that too."""
+    async def claim(
+        self, limit: int, lease_seconds: float, wake: bool = False, busy: Busy | None = None
+    ) -> list[Row]:
+        """``wake``: this worker was registered asleep; the claim ends that too. ``busy``:
+        the limited tools' calls this worker holds unsent, and which of them are full."""
         async with self.pool.connection() as conn:
             query = self.waking_claim if wake else self.q["claim"]
-            cur = await conn.execute(query, self._claiming(limit, lease_seconds))
+            cur = await conn.execute(query, self._claiming(limit, lease_seconds, busy))
             return share_tools(await cur.fetchall())
 
     async def adopt(self, ids: Sequence[UUID]) -> list[Row]:
@@ -135,11 +140,13 @@ class DispatchStore:
             cur = await conn.execute(self.adopt_query, {"ids": list(ids), "worker": self.worker})
             return share_tools(await cur.fetchall())
 
-    async def sleep_and_claim(self, limit: int, lease_seconds: float) -> tuple[bool, list[Row]]:
+    async def sleep_and_claim(
+        self, limit: int, lease_seconds: float, busy: Busy | None = None
+    ) -> tuple[bool, list[Row]]:
         """Register asleep (migration 0018), then claim once more: what arrived before the
         registration is claimed here, what arrives after it notifies. One round trip
         (pipelined) unless behind a pooler. False: the lock timed out, not registered."""
-        params = self._claiming(limit, lease_seconds)
+        params = self._claiming(limit, lease_seconds, busy)
         async with self.pool.connection() as conn:
             if self.pooler:
                 asleep_cur = await conn.execute(self.q["try_sleep"], params)
@@ -151,8 +158,10 @@ class DispatchStore:
             row = await asleep_cur.fetchone()
             return bool(row and row["asleep"]), share_tools(await claim_cur.fetchall())
 
-    def _claiming(self, limit: int, lease_seconds: float) -> dict[str, Any]:
-        return {"limit": limit, "worker": self.worker, "lease": lease_seconds}
+    def _claiming(self, limit: int, lease_seconds: float, busy: Busy | None) -> dict[str, Any]:
+        held, full = busy if busy is not None else ({}, [])
+        return {"limit": limit, "worker": self.worker, "lease": lease_seconds,
+                "busy": Jsonb({str(tool): n for tool, n in held.items()}), "full": full}  # fmt: skip
 
     async def register(self, seconds: float) -> bool:
         """This worker follows the sleep protocol for ``seconds`` more; whether its

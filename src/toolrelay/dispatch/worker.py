@@ -25,6 +25,7 @@ import socket
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +51,7 @@ from toolrelay.dispatch.preflight import (
     allow_list,
     describe_database,
 )
-from toolrelay.dispatch.store import DispatchStore, Row, open_pool
+from toolrelay.dispatch.store import Busy, DispatchStore, Row, open_pool
 from toolrelay.errors import ConfigurationError, CredentialError, DispatchError
 from toolrelay.notify.deliver import run_in_worker as deliver_webhooks
 from toolrelay.registry.service import Claim
@@ -153,6 +154,9 @@ class Worker:
         self.inflight: dict[UUID, asyncio.Task[None]] = {}  # claimed, result not recorded
         self.sending = 0  # of those, outcome not decided yet: they hold a slot
         self.tool_limits: dict[UUID, tuple[int, asyncio.Semaphore]] = {}  # by tool: size
+        # Calls of limited tools started here and not decided: a claim takes no more of a
+        # tool than its limit less these (a full tool's calls wait in the queue, not here).
+        self.tool_busy: Counter[UUID] = Counter()
         self.recording: set[UUID] = set()
         # Calls this process is making, claimed for this worker as they are inserted
         # (``reserve``/``adopt``, migration 0036): each holds a slot until its row starts.
@@ -244,8 +248,9 @@ class Worker:
             timeout = self.settings.poll_interval
             if free >= self._min_claim:
                 want = min(free, CLAIM_BATCH)
+                busy = self._busy()
                 rows = await self._db_call(
-                    self.store.claim(want, self.settings.lease_seconds, wake=self.asleep)
+                    self.store.claim(want, self.settings.lease_seconds, self.asleep, busy)
                 )
                 if rows is None:
                     continue  # the database went away (already waited): try again
@@ -253,9 +258,11 @@ class Worker:
                 for row in rows:
                     self._start(row)
                 claimed = len(rows)
-                if claimed == want:
+                if claimed == want or (claimed and self._filled_up(busy[1])):
+                    # there may be more ready right now: past the calls of a tool that
+                    # this claim filled, which it looked at and left
                     self._short_at = 0.0
-                    continue  # there may be more ready right now
+                    continue
                 self._short_at = time.monotonic()
                 if self.registered and self.listening:
                     if self.sending and not self._quiet:
@@ -332,8 +339,17 @@ class Worker:
         if self.stopping.is_set() and rows:  # not started: give them back to any worker
             await self._db_call(self.store.release([row["id"] for row in rows]))
             rows = []
+        # A call of a tool with no room here would wait for it inside a slot: back to the
+        # queue instead, where this worker's claims find it once the tool has room.
+        queued = []
         for row in rows or ():
-            self._start(row)
+            limit = row["max_concurrency"]
+            if limit and self.tool_busy[row["tool_id"]] >= limit:
+                queued.append(row["id"])
+            else:
+                self._start(row)
+        if queued:
+            await self._db_call(self.store.release(queued))
         return [None] * len(ids)
 
     def _result_linger(self) -> float:
@@ -342,7 +358,9 @@ class Worker:
     async def _sleep(self, free: int) -> float:
         """Register asleep and claim once more; how long to wait next (0: claim again)."""
         result = await self._db_call(
-            self.store.sleep_and_claim(min(free, CLAIM_BATCH), self.settings.lease_seconds)
+            self.store.sleep_and_claim(
+                min(free, CLAIM_BATCH), self.settings.lease_seconds, self._busy()
+            )
         )
         if result is None:
             return 0.0
@@ -392,7 +410,10 @@ class Worker:
     def _start(self, row: Row) -> None:
         self.metrics.claimed += 1
         self.sending += 1
-        task = asyncio.create_task(self._handle(row))
+        limit = self._tool_limit(row)
+        if limit is not None:
+            self.tool_busy[row["tool_id"]] += 1
+        task = asyncio.create_task(self._handle(row, limit))
         self.inflight[row["id"]] = task
         self.metrics.in_flight = len(self.inflight)
         key: UUID = row["id"]
@@ -410,14 +431,15 @@ class Worker:
         self.sending -= 1
         self.freed.set()
 
-    async def _handle(self, row: Row) -> None:
+    async def _handle(self, row: Row, limit: asyncio.Semaphore | None) -> None:
         attempt = Attempt()
-        limit = self._tool_limit(row)
         try:
             try:
                 async with limit if limit is not None else contextlib.nullcontext():
                     outcome, _ = await self._decide(row, attempt)
             finally:
+                if limit is not None:
+                    self._tool_done(row["tool_id"])
                 self._decided()
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             # The database went away mid-way: the lease expires and the row is recovered.
@@ -486,6 +508,27 @@ class Worker:
         if held is None or held[0] != limit:
             held = self.tool_limits[row["tool_id"]] = (limit, asyncio.Semaphore(limit))
         return held[1]
+
+    def _tool_done(self, tool: UUID) -> None:
+        """A limited tool's call is decided. If the tool had no room, calls of it may wait
+        in the queue (left by a claim, or handed back) that no notification will announce:
+        wake the loop to claim them, asleep or not."""
+        if self.tool_busy[tool] >= self.tool_limits[tool][0]:
+            self.wakeup.set()
+        left = self.tool_busy[tool] - 1
+        if left > 0:
+            self.tool_busy[tool] = left
+        else:
+            del self.tool_busy[tool]
+
+    def _busy(self) -> Busy:
+        """For the claim: the limited tools' calls held here, and the tools with no room."""
+        full = [t for t, n in self.tool_busy.items() if n >= self.tool_limits[t][0]]
+        return dict(self.tool_busy), full
+
+    def _filled_up(self, full_before: Sequence[UUID]) -> bool:
+        """Whether a tool has no room now that had some before the last claim."""
+        return bool(set(self._busy()[1]) - set(full_before))
 
     async def _before_send(self, row: Mapping[str, Any]) -> bool:
         """Durably mark a write as possibly sent; False when our lease is gone."""

@@ -7,13 +7,25 @@
 -- once per tool and returned on the first row of each tool only (tool_nth = 1; NULL on
 -- the others, which store.py fills from the first: the same statement read it, so the
 -- same version). Nothing about a call is decided on less than a per-row read would give.
+-- A tool with a max_concurrency gets no more calls than its room in this worker: its limit
+-- less %(busy)s (tool id -> calls of it this worker holds unsent), none when it is in
+-- %(full)s (no room: its calls are not even looked at). Calls locked beyond a tool's room
+-- are not claimed (their locks end with the statement): claimed, they would wait for the
+-- tool inside the worker's slots, and nothing else, any owner's, would be sent meanwhile.
 WITH picked AS (
-    SELECT id FROM agents.tool_invocations
-     WHERE status = 'running' AND run_after <= now()
-       AND (lease_expires_at IS NULL OR lease_expires_at < now())
-     ORDER BY run_after
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+    SELECT l.id
+      FROM (SELECT c.id, c.tool_id,
+                   row_number() OVER (PARTITION BY c.tool_id ORDER BY c.run_after) AS nth
+              FROM (SELECT id, tool_id, run_after FROM agents.tool_invocations
+                     WHERE status = 'running' AND run_after <= now()
+                       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+                       AND tool_id <> ALL (%(full)s::uuid[])
+                     ORDER BY run_after
+                     LIMIT %(limit)s
+                       FOR UPDATE SKIP LOCKED) c) l
+      LEFT JOIN agents.tools_registry t ON t.id = l.tool_id
+     WHERE t.max_concurrency IS NULL
+        OR l.nth <= t.max_concurrency - coalesce((%(busy)s::jsonb ->> l.tool_id::text)::int, 0)
 ), claimed AS (
     -- By primary key, whatever the statistics say (= ANY of an array: a handful of rows
     -- to the planner; joined with picked, a small queue's stale statistics can make it a
