@@ -86,13 +86,15 @@ class Received:
 class Receiver:
     """Records every request; ``statuses[path]`` lists the answers to give in turn (the last
     one repeats; default 200). ``secrets[path]`` verifies each delivery on arrival;
-    ``cookies[path]`` (name, value) is set on every answer there."""
+    ``cookies[path]`` (name, value) is set on every answer there; ``held[path]``: answers
+    there wait until that event is set."""
 
     base_url: str = ""
     received: list[Received] = field(default_factory=list)
     statuses: dict[str, list[int]] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
     cookies: dict[str, tuple[str, str]] = field(default_factory=dict)
+    held: dict[str, asyncio.Event] = field(default_factory=dict)  # answer once it is set
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -103,6 +105,8 @@ class Receiver:
         parsed = Webhook(secret).verify(body, headers) if secret else None
         self.received.append(Received(request.path, headers, body, parsed))
         self.arrived.set()
+        if request.path in self.held:
+            await self.held[request.path].wait()
         answers = self.statuses.get(request.path) or [200]
         status = answers.pop(0) if len(answers) > 1 else answers[0]
         where = {"Location": "/elsewhere"} if 300 <= status < 400 else None
@@ -113,6 +117,17 @@ class Receiver:
 
     def at(self, path: str) -> list[Received]:
         return [r for r in self.received if r.path == path]
+
+    async def until(self, path: str, count: int, limit: float) -> None:
+        """Once ``count`` requests have arrived at ``path`` (TimeoutError after ``limit`` s)."""
+
+        async def look() -> None:
+            while len(self.at(path)) < count:
+                self.arrived.clear()
+                if len(self.at(path)) < count:
+                    await self.arrived.wait()
+
+        await asyncio.wait_for(look(), limit)
 
     def events(self, path: str) -> list[str]:
         return [r.json["type"] if "type" in r.json else r.json["text"] for r in self.at(path)]

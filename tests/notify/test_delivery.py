@@ -20,6 +20,8 @@ from toolrelay.notify.deliver import (
     BACKOFF_CAP,
     BACKOFF_FACTOR,
     BACKOFF_JITTER,
+    DELIVERY_BATCH,
+    PER_SUBSCRIPTION,
 )
 
 Drain = Callable[..., Awaitable[Worker]]
@@ -330,3 +332,37 @@ async def test_a_cookie_a_receiver_sets_goes_out_with_no_later_delivery(
     assert await deliver.once() == 1
     assert [r.path for r in receiver.received].count("/hook") == 2
     assert [r.headers.get("Cookie") for r in receiver.received] == [None] * 3
+
+
+async def test_a_slow_receiver_does_not_hold_back_other_owners_deliveries(
+    make_owner: Callable[[], SimpleNamespace], receiver: Receiver, deliver: Driver
+) -> None:
+    """A receiver that takes its time (up to the 15 s a delivery may take) with more
+    deliveries queued than a pass claims: every pass was all of them, sent together and
+    recorded together, and another owner's delivery behind them waited for each pass to
+    end. Now each subscription has PER_SUBSCRIPTION deliveries in flight at most, and a
+    slot that frees is filled at once, whatever the rest are waiting for."""
+    slow, quick = make_owner(), make_owner()
+    subscribe(slow, receiver, "/slow", events=("invocation.pending",))
+    gate = receiver.held["/slow"] = asyncio.Event()
+    tool = tool_for(slow, receiver, gated=True)
+    queued = DELIVERY_BATCH + 8
+    for _ in range(queued):
+        slow.registry.invoke("bot", tool, {})
+    subscribe(quick, receiver, "/quick", events=("invocation.pending",))
+    quick.registry.invoke("bot", tool_for(quick, receiver, gated=True), {})
+    stopping = asyncio.Event()
+    running = asyncio.create_task(deliver.deliverer.run(stopping))
+    try:
+        await receiver.until("/quick", 1, limit=10.0)  # while the slow ones are held
+        await receiver.until("/slow", PER_SUBSCRIPTION, limit=10.0)
+        assert len(receiver.at("/slow")) == PER_SUBSCRIPTION  # its share, and no more
+    finally:
+        gate.set()
+        stopping.set()
+        await asyncio.wait_for(running, DRAIN_TIMEOUT)
+    while await deliver.once():
+        pass
+    ids = [r.headers["webhook-id"] for r in receiver.at("/slow")]
+    assert len(ids) == len(set(ids)) == queued  # each delivered once
+    assert all(r["delivered_at"] is not None for r in slow.webhooks.deliveries())

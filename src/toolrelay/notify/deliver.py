@@ -1,12 +1,14 @@
 """The deliverer: sends due webhook deliveries, signed, through the egress guard.
 
 It runs inside ``toolrelay worker`` (``run_in_worker``, a side task of the worker's loop)
-on the worker's database pool, as the dispatcher. Each pass claims up to
-``DELIVERY_BATCH`` due rows (FOR UPDATE SKIP LOCKED; the claim is a lease of
-``DELIVERY_LEASE`` seconds), sends them concurrently and records the results in one
-statement. A failure is retried after an exponential backoff with jitter; after the row's
-``max_attempts`` it is dead (the dead letter). Delivery is at least once: a deliverer that
-dies after sending leaves the row to be sent again with the same ``webhook-id``.
+on the worker's database pool, as the dispatcher. It keeps up to ``DELIVERY_BATCH``
+deliveries in flight, at most ``PER_SUBSCRIPTION`` of one subscription (a slow receiver
+holds no more than that, whoever else is waiting), claiming due rows (FOR UPDATE SKIP
+LOCKED; the claim is a lease of ``DELIVERY_LEASE`` seconds) as slots free, and records
+results in batches as they come. A failure is retried after an exponential backoff with
+jitter; after the row's ``max_attempts`` it is dead (the dead letter). Delivery is at least
+once: a deliverer that dies after sending leaves the row to be sent again with the same
+``webhook-id``.
 
 Every request goes through ``toolrelay.dispatch.http.send`` on a connector made by
 ``make_connector``: the egress guard of tool calls, outside a tool call (so only the
@@ -20,6 +22,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -33,6 +36,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from toolrelay.credentials import Keyring
 from toolrelay.db.queries import load
+from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
 from toolrelay.dispatch.http import SendFailure, SendSpec, outbound_session, send
 from toolrelay.dispatch.metrics import family
@@ -48,7 +52,8 @@ log = logging.getLogger("toolrelay.notify")
 
 Row = dict[str, Any]
 
-DELIVERY_BATCH = 32  # rows claimed per pass, sent concurrently
+DELIVERY_BATCH = 32  # deliveries in flight at once (and claimed by one deliver_once pass)
+PER_SUBSCRIPTION = 4  # of them, to one subscription at most: a slow receiver holds no more
 DELIVERY_LEASE = 60.0  # seconds a claimed row is held before it is due again
 POLL_INTERVAL = 1.0  # seconds between looks for due deliveries when none were found
 CONNECT_TIMEOUT = 5.0  # seconds
@@ -145,17 +150,25 @@ class Deliverer:
         self.q = load("webhooks")
 
     async def deliver_once(self, now: datetime | None = None) -> int:
-        """One pass: claim what is due at ``now`` (default: the database's clock), send it,
-        record the results. Returns how many rows were claimed. ``now`` schedules retries
-        too, so tests drive time with it; signatures always carry the real time."""
-        params = {"now": now, "limit": self.batch, "lease": DELIVERY_LEASE}
-        async with self.pool.connection() as conn:
-            rows = await (await conn.execute(self.q["claim"], params)).fetchall()
+        """One pass (for tests; ``run`` keeps deliveries flowing): claim what is due at
+        ``now`` (default: the database's clock), send it, record the results. Returns how
+        many rows were claimed. ``now`` schedules retries too, so tests drive time with it;
+        signatures always carry the real time."""
+        rows = await self._claim(self.batch, Counter(), now)
         if not rows:
             return 0
         results = await asyncio.gather(*(self._attempt(row) for row in rows))
         await asyncio.shield(self._record(results, now))
         return len(rows)
+
+    async def _claim(self, limit: int, busy: Counter[str], now: datetime | None) -> list[Row]:
+        """Up to ``limit`` due rows, each subscription within its room (``busy``: its
+        deliveries in flight here)."""
+        full = [sub for sub, n in busy.items() if n >= PER_SUBSCRIPTION]
+        params = {"now": now, "limit": limit, "lease": DELIVERY_LEASE, "full": full,
+                  "per_subscription": PER_SUBSCRIPTION, "busy": Jsonb(dict(busy))}  # fmt: skip
+        async with self.pool.connection() as conn:
+            return await (await conn.execute(self.q["claim"], params)).fetchall()
 
     async def refresh_counts(self) -> None:
         async with self.pool.connection() as conn:
@@ -168,32 +181,80 @@ class Deliverer:
             await conn.execute(self.q["prune"], {"seconds": DELIVERED_RETENTION})
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Until ``stopping``: a pass, then the next at once if it was full, else a poll."""
+        """Until ``stopping``: up to ``batch`` deliveries in flight, ``PER_SUBSCRIPTION`` of
+        one subscription at most. A slot that frees is filled at once (one receiver taking
+        its time holds back nobody else's deliveries); with nothing due, a poll."""
+        recorder: Batcher[Result, None] = Batcher(self._record_all)
+        flight: dict[asyncio.Task[None], str] = {}  # delivery -> its subscription
+        busy: Counter[str] = Counter()
         counted = pruned = 0.0
-        while not stopping.is_set():
-            claimed = 0
-            try:
-                if time.monotonic() - counted > COUNTS_INTERVAL:
-                    counted = time.monotonic()
-                    await self.refresh_counts()
-                if time.monotonic() - pruned > PRUNE_INTERVAL:
-                    pruned = time.monotonic()
-                    await self.prune()
-                claimed = await self.deliver_once()
-            except (psycopg.Error, ToolrelayError) as exc:
-                log.warning(
-                    "webhook deliveries could not be read or recorded",
-                    extra={"action": "webhook_db_error", "error": str(exc)[:200]},
-                )
-                self.metrics.pending = self.metrics.dead = None
-                await _wait(stopping, ERROR_DELAY)
-                continue
-            except Exception:  # a bug: say so, and keep delivering
-                log.exception("webhook delivery pass failed", extra={"action": "webhook_error"})
-                await _wait(stopping, ERROR_DELAY)
-                continue
-            if claimed < self.batch:
-                await _wait(stopping, POLL_INTERVAL)
+        stop = asyncio.ensure_future(stopping.wait())
+        try:
+            while not stopping.is_set():
+                free, filled = self.batch - len(flight), False
+                claimed = 0
+                try:
+                    if time.monotonic() - counted > COUNTS_INTERVAL:
+                        counted = time.monotonic()
+                        await self.refresh_counts()
+                    if time.monotonic() - pruned > PRUNE_INTERVAL:
+                        pruned = time.monotonic()
+                        await self.prune()
+                    rows = await self._claim(free, busy, None) if free > 0 else []
+                except (psycopg.Error, ToolrelayError) as exc:
+                    log.warning(
+                        "webhook deliveries could not be read",
+                        extra={"action": "webhook_db_error", "error": str(exc)[:200]},
+                    )
+                    self.metrics.pending = self.metrics.dead = None
+                    await _wait(stopping, ERROR_DELAY)
+                    continue
+                except Exception:  # a bug: say so, and keep delivering
+                    log.exception("webhook delivery pass failed", extra={"action": "webhook_error"})
+                    await _wait(stopping, ERROR_DELAY)
+                    continue
+                for row in rows:
+                    sub = str(row["subscription_id"])
+                    busy[sub] += 1
+                    filled = filled or busy[sub] >= PER_SUBSCRIPTION
+                    flight[asyncio.create_task(self._deliver(row, recorder))] = sub
+                claimed = len(rows)
+                # more may be due now: the claim was full, or stopped at a subscription's
+                # room with other rows perhaps behind it
+                if claimed and (claimed == free or filled):
+                    continue
+                await asyncio.wait({stop, *flight}, timeout=POLL_INTERVAL,
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                for task in [t for t in flight if t.done()]:
+                    sub = flight.pop(task)
+                    busy[sub] -= 1
+                    if busy[sub] <= 0:
+                        del busy[sub]
+        finally:
+            stop.cancel()
+            try:  # what is in flight ends (each within TOTAL_TIMEOUT) and is recorded
+                if flight:
+                    await asyncio.wait(set(flight))
+                await recorder.drain()
+            except asyncio.CancelledError:  # not waited for: their leases run out, then
+                for task in flight:  # they are sent again (at least once)
+                    task.cancel()
+                raise
+
+    async def _deliver(self, row: Row, recorder: Batcher[Result, None]) -> None:
+        result = await self._attempt(row)
+        try:
+            await recorder.submit(result)
+        except psycopg.Error as exc:  # sent but not recorded: due again after its lease
+            log.warning(
+                "a webhook delivery's result could not be recorded",
+                extra={"action": "webhook_db_error", "delivery_id": result.id,
+                       "error": str(exc)[:200]},
+            )  # fmt: skip
+
+    async def _record_all(self, results: Sequence[Result]) -> list[None]:
+        await self._record(results, None)
+        return [None] * len(results)
 
     async def _attempt(self, row: Row) -> Result:
         try:

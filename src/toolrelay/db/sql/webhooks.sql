@@ -58,15 +58,28 @@ SELECT public.fn_webhook_redeliver(%(id)s);
 -- name: claim
 -- Due rows of enabled subscriptions, each with what sending needs. The claim is a lease:
 -- next_attempt_at moves past it, so a deliverer that dies leaves the row due again then.
+-- A subscription gets no more than its room in this deliverer: %(per_subscription)s less
+-- %(busy)s (subscription id -> deliveries of it in flight here), none when it is in
+-- %(full)s (its rows are not even looked at). Rows locked beyond a subscription's room
+-- are not claimed (their locks end with the statement): a slow receiver holds no more
+-- of the deliverer than its share.
 WITH due AS (
-    SELECT d.id
-      FROM agents.webhook_deliveries d
-      JOIN agents.webhook_subscriptions s ON s.id = d.subscription_id AND s.enabled
-     WHERE d.delivered_at IS NULL AND NOT d.dead
-       AND d.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
-     ORDER BY d.next_attempt_at
-     LIMIT %(limit)s
-       FOR UPDATE OF d SKIP LOCKED
+    SELECT l.id
+      FROM (SELECT c.id, c.subscription_id,
+                   row_number() OVER (PARTITION BY c.subscription_id
+                                      ORDER BY c.next_attempt_at) AS nth
+              FROM (SELECT d.id, d.subscription_id, d.next_attempt_at
+                      FROM agents.webhook_deliveries d
+                      JOIN agents.webhook_subscriptions s
+                        ON s.id = d.subscription_id AND s.enabled
+                     WHERE d.delivered_at IS NULL AND NOT d.dead
+                       AND d.next_attempt_at <= coalesce(%(now)s::timestamptz, now())
+                       AND d.subscription_id <> ALL (%(full)s::uuid[])
+                     ORDER BY d.next_attempt_at
+                     LIMIT %(limit)s
+                       FOR UPDATE OF d SKIP LOCKED) c) l
+     WHERE l.nth <= %(per_subscription)s
+                    - coalesce((%(busy)s::jsonb ->> l.subscription_id::text)::int, 0)
 )
 UPDATE agents.webhook_deliveries d
    SET attempts = d.attempts + 1, last_attempt_at = now(),
