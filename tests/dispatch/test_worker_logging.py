@@ -29,8 +29,8 @@ from tests.dispatch.upstream import Upstream
 from tests.pgtest import create_database, drop_database
 from tests.registry.helpers import add_tool
 from toolrelay.db import Database, migrate
-from toolrelay.dispatch.egress import EgressPolicy
-from toolrelay.dispatch.preflight import describe_database
+from toolrelay.dispatch.egress import ALLOW_ENV, EgressPolicy
+from toolrelay.dispatch.preflight import broad_entries, describe_database
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.logs import JSONFormatter
 from toolrelay.registry import Registry
@@ -305,3 +305,27 @@ async def test_warns_at_start_about_active_tools_the_allow_list_refuses(
         )
     assert not captured.actions("tool_unchecked")  # literals and localhost: no lookups
     assert sum(upstream.hits.values()) == 0  # checking sent nothing
+
+
+def test_broad_allow_entries_are_named_with_why() -> None:
+    allow = ("0.0.0.0/0, 169.254.0.0/16:80@tool=probe.*, 10.0.0.0/8, 127.0.0.1,"
+             " fd00::/8, 2a00::/16, api.internal.example")  # fmt: skip
+    found = dict(broad_entries(EgressPolicy.from_env({ALLOW_ENV: allow})))
+    assert set(found) == {"0.0.0.0/0", "169.254.0.0/16:80@tool=probe.*", "fd00::/8", "2a00::/16"}
+    assert "cloud metadata address 169.254.169.254" in found["0.0.0.0/0"]
+    assert "cloud metadata address 169.254.169.254" in found["169.254.0.0/16:80@tool=probe.*"]
+    assert "cloud metadata address fd00:ec2::254" in found["fd00::/8"]
+    assert "a /16 opens" in found["2a00::/16"] and "mostly off" in found["2a00::/16"]
+    assert broad_entries(EgressPolicy.from_env({ALLOW_ENV: "10.0.0.0/8, 127.0.0.1"})) == []
+
+
+async def test_warns_at_start_about_broad_allow_entries(fresh_url: str, captured: Captured) -> None:
+    """A tired operator's `TOOLRELAY_EGRESS_ALLOW=0.0.0.0/0` ("make it work") turns the guard
+    off for everything, the cloud metadata service included: the worker says so at start."""
+    policy = EgressPolicy.from_env({ALLOW_ENV: "0.0.0.0/0, 10.20.0.0/16"})
+    worker = Worker(fresh_url, WorkerSettings(drain=True), None, policy)
+    await asyncio.wait_for(worker.run(), WAIT)
+    [warned] = captured.actions("egress_allow_broad")
+    assert (warned["level"], warned["entry"]) == ("warning", "0.0.0.0/0")
+    assert warned["message"].startswith(f"{ALLOW_ENV} entry '0.0.0.0/0': it lets tool calls")
+    assert "169.254.169.254" in warned["reason"]

@@ -56,6 +56,35 @@ def allow_list(policy: EgressPolicy) -> list[str]:
     return written
 
 
+# Where a cloud VM's metadata service answers (AWS, GCP, Azure, ...; AWS's IPv6 one): its
+# credentials are the machine's. An allow entry covering one lets any owner's tool read them.
+METADATA_ADDRESSES = (
+    ipaddress.ip_address("169.254.169.254"),
+    ipaddress.ip_address("fd00:ec2::254"),
+)
+# A network wider than this opens more than a site's own addresses: most of the guard is off.
+WIDEST_V4, WIDEST_V6 = 8, 32
+
+
+def broad_entries(policy: EgressPolicy) -> list[tuple[str, str]]:
+    """Allow-list networks an operator should hear about at start: (entry, why). Each still
+    applies as written (a warning, not a refusal: the operator may mean it)."""
+    written = [(str(net), net) for net in policy.allow_networks]
+    written += [(e.text or str(e.target), e.target) for e in policy.entries
+                if not isinstance(e.target, str)]  # fmt: skip
+    found = []
+    for text, net in written:
+        assert not isinstance(net, str)
+        metadata = [str(a) for a in METADATA_ADDRESSES if a.version == net.version and a in net]
+        if metadata:
+            found.append((text, f"it lets tool calls reach the cloud metadata address"
+                                f" {metadata[0]}, whose credentials are this machine's"))  # fmt: skip
+        elif net.prefixlen < (WIDEST_V4 if net.version == 4 else WIDEST_V6):
+            found.append((text, f"a /{net.prefixlen} opens {net.num_addresses:,} addresses to"
+                                " tool calls: the egress guard is mostly off"))  # fmt: skip
+    return found
+
+
 @dataclass(frozen=True)
 class Finding:
     """One active tool the worker cannot check, or whose calls the allow-list refuses."""

@@ -38,7 +38,7 @@ from psycopg_pool import AsyncConnectionPool
 from toolrelay.credentials import CredentialResolver, Keyring
 from toolrelay.db.queries import load
 from toolrelay.dispatch.batcher import Batcher
-from toolrelay.dispatch.egress import EgressPolicy, make_connector
+from toolrelay.dispatch.egress import ALLOW_ENV, EgressPolicy, make_connector
 from toolrelay.dispatch.executor import Attempt, Executor, precheck
 from toolrelay.dispatch.http import outbound_session
 from toolrelay.dispatch.metrics import Counts, Metrics, serve_metrics
@@ -49,6 +49,7 @@ from toolrelay.dispatch.preflight import (
     Finding,
     Target,
     allow_list,
+    broad_entries,
     describe_database,
 )
 from toolrelay.dispatch.store import Busy, DispatchStore, Row, open_pool
@@ -671,6 +672,11 @@ class Worker:
                 "credentials": "usable" if self.keyring is not None else "no master key",
             },
         )
+        for entry, why in broad_entries(self.egress) if self.egress.enabled else ():
+            log.warning(
+                f"{ALLOW_ENV} entry {entry!r}: {why}; allow only the addresses tools need",
+                extra={"action": "egress_allow_broad", "entry": entry, "reason": why},
+            )
 
     async def _check_endpoints(
         self, pool: AsyncConnectionPool[AsyncConnection[Row]]
