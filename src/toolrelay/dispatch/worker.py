@@ -522,14 +522,17 @@ class Worker:
         else:
             del self.tool_busy[tool]
 
+    def _full(self) -> list[UUID]:
+        """The limited tools with no room left here."""
+        return [t for t, n in self.tool_busy.items() if n >= self.tool_limits[t][0]]
+
     def _busy(self) -> Busy:
         """For the claim: the limited tools' calls held here, and the tools with no room."""
-        full = [t for t, n in self.tool_busy.items() if n >= self.tool_limits[t][0]]
-        return dict(self.tool_busy), full
+        return dict(self.tool_busy), self._full()
 
     def _filled_up(self, full_before: Sequence[UUID]) -> bool:
         """Whether a tool has no room now that had some before the last claim."""
-        return bool(set(self._busy()[1]) - set(full_before))
+        return not set(self._full()) <= set(full_before)
 
     async def _before_send(self, row: Mapping[str, Any]) -> bool:
         """Durably mark a write as possibly sent; False when our lease is gone."""

@@ -205,25 +205,14 @@ class McpEndpoint:
     ) -> None:
         """An admitted opening request: end the session it takes the place of, then let the
         SDK open the new one, and count it when its answer says it was opened."""
-        session: str | None = None
-        status = 500
-
-        async def watch(message: Message) -> None:
-            nonlocal session, status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = dict(message.get("headers", []))
-                raw = headers.get(SESSION_HEADER.encode("ascii"))
-                session = raw.decode("latin-1") if raw is not None else None
-            await send(message)
-
+        answer = _Answer(send)
         try:
             if victim is not None:
                 await self._end_session(caller, victim, scope)
-            await self.manager.handle_request(scope, receive, watch)
+            await self.manager.handle_request(scope, receive, answer.send)
         finally:
-            if session is not None and status < 400:
-                self.sessions.opened(_agent(caller), session)
+            if answer.session is not None and answer.status < 400:
+                self.sessions.opened(_agent(caller), answer.session)
             self.sessions.settled(_agent(caller))
 
     async def _on_session(
@@ -234,19 +223,12 @@ class McpEndpoint:
         if session is None or not self.sessions.begin(_agent(caller), session):
             await self.manager.handle_request(scope, receive, send)
             return
-        status = 500
-
-        async def watch(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        answer = _Answer(send)
         try:
-            await self.manager.handle_request(scope, receive, watch)
+            await self.manager.handle_request(scope, receive, answer.send)
         finally:
-            closed = scope.get("method") == "DELETE" and status < 300
-            self.sessions.end(_agent(caller), session, ended=closed or status == 404)
+            closed = scope.get("method") == "DELETE" and answer.status < 300
+            self.sessions.end(_agent(caller), session, ended=closed or answer.status == 404)
 
     async def _end_session(self, caller: Caller, session: str, scope: Scope) -> None:
         """End one of the caller's own sessions to make room, as its client's DELETE would
@@ -355,6 +337,23 @@ async def _buffered(receive: Receive) -> tuple[bytes, Receive]:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return body, replay
+
+
+class _Answer:
+    """A request's ``send``, noting its answer's status and session id on the way out (500
+    until an answer starts: a request that ends without one counts as failed)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status = 500
+        self.session: str | None = None
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            raw = dict(message.get("headers", [])).get(SESSION_HEADER.encode("ascii"))
+            self.session = raw.decode("latin-1") if raw is not None else None
+        await self._send(message)
 
 
 def _agent(caller: Caller) -> UUID:

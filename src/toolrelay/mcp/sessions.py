@@ -85,9 +85,9 @@ class SessionShare:
 
     def end(self, agent: UUID, session: str, ended: bool) -> None:
         """That request is over; ``ended``: it ended the session (a DELETE answered, or 404)."""
-        sessions = self._open.get(agent)
-        held = sessions.get(session) if sessions is not None else None
-        if held is None or sessions is None:
+        sessions: dict[str, _Open] = self._open.get(agent, {})
+        held = sessions.get(session)
+        if held is None:
             return
         held.in_flight -= 1
         if ended:
@@ -102,8 +102,9 @@ class SessionShare:
         return len(self._sessions(agent))
 
     def _sessions(self, agent: UUID) -> OrderedDict[str, _Open]:
-        """The agent's sessions, those the SDK has timed out since dropped."""
-        sessions = self._open.setdefault(agent, OrderedDict())
+        """The agent's sessions, those the SDK has timed out since dropped (an agent with
+        none gets an empty one that is not kept)."""
+        sessions = self._open.get(agent, OrderedDict())
         expired = self._clock() - self.idle_timeout
         for sid in [
             sid for sid, s in sessions.items() if s.in_flight == 0 and s.idle_since <= expired

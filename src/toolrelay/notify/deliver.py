@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -154,14 +154,14 @@ class Deliverer:
         ``now`` (default: the database's clock), send it, record the results. Returns how
         many rows were claimed. ``now`` schedules retries too, so tests drive time with it;
         signatures always carry the real time."""
-        rows = await self._claim(self.batch, Counter(), now)
+        rows = await self._claim(self.batch, {}, now)
         if not rows:
             return 0
         results = await asyncio.gather(*(self._attempt(row) for row in rows))
         await asyncio.shield(self._record(results, now))
         return len(rows)
 
-    async def _claim(self, limit: int, busy: Counter[str], now: datetime | None) -> list[Row]:
+    async def _claim(self, limit: int, busy: Mapping[str, int], now: datetime | None) -> list[Row]:
         """Up to ``limit`` due rows, each subscription within its room (``busy``: its
         deliveries in flight here)."""
         full = [sub for sub, n in busy.items() if n >= PER_SUBSCRIPTION]
@@ -186,13 +186,12 @@ class Deliverer:
         its time holds back nobody else's deliveries); with nothing due, a poll."""
         recorder: Batcher[Result, None] = Batcher(self._record_all)
         flight: dict[asyncio.Task[None], str] = {}  # delivery -> its subscription
-        busy: Counter[str] = Counter()
         counted = pruned = 0.0
         stop = asyncio.ensure_future(stopping.wait())
         try:
             while not stopping.is_set():
                 free, filled = self.batch - len(flight), False
-                claimed = 0
+                busy = Counter(flight.values())
                 try:
                     if time.monotonic() - counted > COUNTS_INTERVAL:
                         counted = time.monotonic()
@@ -226,10 +225,7 @@ class Deliverer:
                 await asyncio.wait({stop, *flight}, timeout=POLL_INTERVAL,
                                    return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
                 for task in [t for t in flight if t.done()]:
-                    sub = flight.pop(task)
-                    busy[sub] -= 1
-                    if busy[sub] <= 0:
-                        del busy[sub]
+                    del flight[task]
         finally:
             stop.cancel()
             try:  # what is in flight ends (each within TOTAL_TIMEOUT) and is recorded
