@@ -110,8 +110,8 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     )
     app.state.toolrelay = context
     errors.install(app)
+    app.include_router(agent_routes.router)  # first: agents skip the 30 below (bench/routing.py)
     app.include_router(owner_routes.router)
-    app.include_router(agent_routes.router)
     app.include_router(approvals.router)
     app.include_router(signin_routes.router)  # OpenID Connect sign-in (docs/approvals.md)
     app.include_router(connect_routes.router)  # /v1/credentials/connect, /v1/oauth/callback
