@@ -156,3 +156,14 @@ def test_messages_name_the_field_the_value_and_what_is_allowed(
                              ("max_attempts=99", "max_attempts 99 is not allowed")):  # fmt: skip
         bad = runner.invoke(app, ["tool", "update", "ok", "--set", change], env=cli_env)
         assert bad.exit_code == 1 and expected in bad.stderr, bad.output
+
+
+def test_prune_refuses_a_duration_without_a_unit_and_dry_runs(cli_env: dict[str, str]) -> None:
+    """`--older-than 90` was 90 seconds to PostgreSQL: every tenant's history but the last
+    minute and a half (tests/dispatch/test_retention.py has the whole list)."""
+    refused = runner.invoke(app, ["prune", "--older-than", "90"], env=cli_env)
+    assert refused.exit_code == 1, refused.output
+    assert "error: --older-than '90' 90 has no unit: write 90d for days" in refused.stderr
+    dry = runner.invoke(app, ["prune", "--older-than", "30d", "--dry-run"], env=cli_env)
+    assert dry.exit_code == 0, dry.output
+    assert re.fullmatch(r"would prune \d+ invocation\(s\) finished before \S+\n", dry.stdout)

@@ -10,11 +10,17 @@ from toolrelay.errors import ToolrelayError
 
 
 def prune(
-    older_than: str = typer.Option(..., help="A duration: 30d, 12h, '2 weeks'."),
+    older_than: str = typer.Option(
+        ..., help="A duration, every number with its unit: 30d, 12h, 6mon, '2 weeks'."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
 ) -> None:
-    """Delete finished invocations (and their attempts) older than the given duration."""
+    """Delete finished invocations (and their attempts) of every owner that finished longer
+    ago than the given duration."""
     try:
-        count = prune_history(database(), older_than)
+        pruned = prune_history(database(), older_than, dry_run=dry_run)
     except ToolrelayError as exc:
         raise fail(exc) from None
-    console.print(f"pruned {count} invocation(s)", markup=False)
+    cutoff = pruned.cutoff.isoformat(timespec="seconds")
+    verb = "would prune" if pruned.dry_run else "pruned"
+    console.print(f"{verb} {pruned.count} invocation(s) finished before {cutoff}", markup=False)

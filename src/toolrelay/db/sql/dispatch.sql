@@ -224,11 +224,17 @@ SELECT fn_expire_tool_invocations() AS expired;
 
 -- name: prune
 -- Retention: delete one batch of finished invocations (and, by cascade, their attempts)
--- that finished before now() - %(older_than)s. Runnable rows are never touched.
+-- that finished before %(cutoff)s. Runnable rows are never touched.
 WITH doomed AS (
     SELECT id FROM agents.tool_invocations
      WHERE status IN ('completed', 'failed', 'rejected', 'expired')
-       AND coalesce(finished_at, updated_at) < now() - %(older_than)s::interval
+       AND coalesce(finished_at, updated_at) < %(cutoff)s
      LIMIT %(batch)s
 )
-DELETE FROM agents.tool_invocations i USING doomed WHERE i.id = doomed.id
+DELETE FROM agents.tool_invocations i USING doomed WHERE i.id = doomed.id;
+
+-- name: prune_count
+-- What `prune` would delete before %(cutoff)s (--dry-run).
+SELECT count(*) AS n FROM agents.tool_invocations
+ WHERE status IN ('completed', 'failed', 'rejected', 'expired')
+   AND coalesce(finished_at, updated_at) < %(cutoff)s
