@@ -115,6 +115,15 @@ class CredentialNeedsReauth(CredentialError):
     code = "credential_needs_reauth"
 
 
+class UnknownMasterKey(CredentialError):
+    """The credential is sealed with a master key this process does not have: a fault of
+    this process's configuration, not of the call (the worker leaves the call to another)."""
+
+    def __init__(self, message: str, key_id: str) -> None:
+        super().__init__(message)
+        self.key_id = key_id
+
+
 class CredentialHostMismatch(CredentialError):
     code = "credential_host_mismatch"
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolrelay import config
-from toolrelay.errors import ConfigurationError, CredentialError
+from toolrelay.errors import ConfigurationError, UnknownMasterKey
 
 __all__ = [
     "DEFAULT_KEY_ID",
@@ -92,9 +92,10 @@ class Keyring:
             return self._keys[key_id]
         except KeyError:
             known = ", ".join(repr(k) for k in self._keys)
-            raise CredentialError(
+            raise UnknownMasterKey(
                 f"master key {key_id!r} is not configured (configured: {known}); "
-                f"add it back to {KEY_ENV} or {KEY_FILE_ENV}"
+                f"add it back to {KEY_ENV} or {KEY_FILE_ENV}",
+                key_id,
             ) from None
 
     def __repr__(self) -> str:

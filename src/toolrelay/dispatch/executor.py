@@ -28,9 +28,15 @@ from yarl import URL
 from toolrelay.dispatch import policy as retry
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
-from toolrelay.dispatch.outcome import Outcome, scrub, storable, trim
+from toolrelay.dispatch.outcome import HANDED_BACK, Outcome, scrub, storable, trim
 from toolrelay.dispatch.template import RenderedRequest, render_request
-from toolrelay.errors import CredentialMissing, EgressBlocked, InvocationError, ToolrelayError
+from toolrelay.errors import (
+    CredentialMissing,
+    EgressBlocked,
+    InvocationError,
+    ToolrelayError,
+    UnknownMasterKey,
+)
 from toolrelay.registry.schemas import SchemaValidator
 from toolrelay.registry.validation import MAX_JSON_DEPTH, check_input, nested_too_deep, validator
 
@@ -115,6 +121,8 @@ class Executor:
         secrets: list[str] = []
         try:
             outcome = await self._run(row, attempt, secrets)
+        except UnknownMasterKey as exc:  # this worker's configuration, not the call's fault
+            return Outcome(HANDED_BACK, error=exc.message, detail=exc.key_id), secrets
         except InvocationError as exc:
             outcome = Outcome.failed(exc.code, exc.message)
         except ToolrelayError as exc:

@@ -30,6 +30,9 @@ AGENT_MESSAGES = {
 }
 
 
+HANDED_BACK = "handed_back"  # Outcome.status: not sent, back to the queue (see Outcome)
+
+
 @dataclass
 class Outcome:
     """The decision for one claimed invocation.
@@ -38,6 +41,9 @@ class Outcome:
     ``retry_in`` seconds. ``clear_sent`` marks a retry whose request provably never left.
     ``error`` is what the agent reads; ``detail``, when set, is the owner's fuller account
     for the attempt row (internal addresses, DNS answers, the allow entry that did not apply).
+    Two statuses are never recorded: ``lost`` (another worker owns the lease now) and
+    ``handed_back`` (this worker lacks the master key ``detail`` names: nothing was sent,
+    and the call goes back to the queue for a worker that has it).
     """
 
     status: str

@@ -212,9 +212,11 @@ class DispatchStore:
         async with self.pool.connection() as conn:
             await conn.execute(self.q["release"], {"ids": list(ids), "worker": self.worker})
 
-    async def busy(self) -> bool:
+    async def busy(self, passed_over: Sequence[UUID] = ()) -> bool:
+        """Whether anything is runnable or leased, not counting the unleased calls of the
+        tools this worker passes over (``passed_over``)."""
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self.q["pending_work"])
+            cur = await conn.execute(self.q["pending_work"], {"skip": list(passed_over)})
             row = await cur.fetchone()
             return bool(row and row["busy"])
 

@@ -36,13 +36,14 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from toolrelay.credentials import CredentialResolver, Keyring
+from toolrelay.credentials.keys import KEY_ENV, KEY_FILE_ENV
 from toolrelay.db.queries import load
 from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.egress import ALLOW_ENV, EgressPolicy, make_connector
 from toolrelay.dispatch.executor import Attempt, Executor, precheck
 from toolrelay.dispatch.http import outbound_session
 from toolrelay.dispatch.metrics import Counts, Metrics, serve_metrics
-from toolrelay.dispatch.outcome import Outcome
+from toolrelay.dispatch.outcome import HANDED_BACK, Outcome
 from toolrelay.dispatch.policy import is_idempotent
 from toolrelay.dispatch.preflight import (
     EndpointCheck,
@@ -83,6 +84,9 @@ DB_RETRY_DELAY = 0.5  # seconds between attempts to reach a database that went a
 CLAIM_BATCH = 64
 SUMMARY_ENV = "TOOLRELAY_SUMMARY_INTERVAL"
 SUMMARY_INTERVAL = 60.0  # seconds between summary lines
+# Seconds a worker passes a tool over after meeting its credential sealed with a master key
+# it does not have (the call went back to the queue for a worker that has the key).
+PASS_OVER_S = 60.0
 MAX_FINDINGS_LOGGED = 50  # tool lines at start, per kind; then one line with the rest's count
 
 
@@ -158,6 +162,9 @@ class Worker:
         # Calls of limited tools started here and not decided: a claim takes no more of a
         # tool than its limit less these (a full tool's calls wait in the queue, not here).
         self.tool_busy: Counter[UUID] = Counter()
+        # Tools whose credential is sealed with a master key this worker lacks: passed over
+        # by its claims until then (monotonic), their calls left to workers with the key.
+        self.keyless: dict[UUID, float] = {}
         self.recording: set[UUID] = set()
         # Calls this process is making, claimed for this worker as they are inserted
         # (``reserve``/``adopt``, migration 0036): each holds a slot until its row starts.
@@ -343,9 +350,10 @@ class Worker:
         # A call of a tool with no room here would wait for it inside a slot: back to the
         # queue instead, where this worker's claims find it once the tool has room.
         queued = []
+        keyless = set(self._keyless())
         for row in rows or ():
             limit = row["max_concurrency"]
-            if limit and self.tool_busy[row["tool_id"]] >= limit:
+            if (limit and self.tool_busy[row["tool_id"]] >= limit) or row["tool_id"] in keyless:
                 queued.append(row["id"])
             else:
                 self._start(row)
@@ -377,7 +385,7 @@ class Worker:
         """--drain: done when nothing is in flight here and nothing is running anywhere."""
         if not self.settings.drain or self.inflight or claimed:
             return False
-        return not await self._db_call(self.store.busy(), default=True)
+        return not await self._db_call(self.store.busy(self._keyless()), default=True)
 
     async def _wait(self, timeout: float) -> None:
         """Until a notification, stop(), or ``timeout``; also until a call in flight
@@ -455,6 +463,9 @@ class Worker:
         if outcome.status == "lost":
             self.metrics.lost_leases += 1
             return
+        if outcome.status == HANDED_BACK:
+            await self._hand_back(row, outcome)
+            return
         seconds = time.monotonic() - attempt.started
         # Shielded: a shutdown must not lose a result that was already decided, nor hand
         # the claim back while that result is being written.
@@ -527,8 +538,34 @@ class Worker:
         return [t for t, n in self.tool_busy.items() if n >= self.tool_limits[t][0]]
 
     def _busy(self) -> Busy:
-        """For the claim: the limited tools' calls held here, and the tools with no room."""
-        return dict(self.tool_busy), self._full()
+        """For the claim: the limited tools' calls held here, and the tools it passes over:
+        those with no room, and those whose credential it cannot open."""
+        return dict(self.tool_busy), [*self._full(), *self._keyless()]
+
+    def _keyless(self) -> list[UUID]:
+        """The tools passed over now for a master key this worker lacks."""
+        now = time.monotonic()
+        for tool in [t for t, until in self.keyless.items() if until <= now]:
+            del self.keyless[tool]
+        return list(self.keyless)
+
+    async def _hand_back(self, row: Row, outcome: Outcome) -> None:
+        """The call's credential is sealed with a master key this worker does not have (a
+        key rotation reaching the workers one by one): nothing was sent, so the call goes
+        back to the queue, attempt uncounted, for a worker with the key; this one passes the
+        tool over for PASS_OVER_S and says so once per tool and window."""
+        first = row["tool_id"] not in self._keyless()
+        self.keyless[row["tool_id"]] = time.monotonic() + PASS_OVER_S
+        await self._db_call(self.store.release([row["id"]]))
+        if first:
+            log.error(
+                "a credential is sealed with a master key this worker does not have: its"
+                " calls are left to workers that have it (add the key to this worker's"
+                f" {KEY_ENV} or {KEY_FILE_ENV} and restart it)",
+                extra={"action": "master_key_missing", "key_id": outcome.detail,
+                       "tool": row["tool_key"], "credential_id": str(row["credential_ref"]),
+                       "invocation_id": str(row["id"]), "pass_over_seconds": PASS_OVER_S},
+            )  # fmt: skip
 
     def _filled_up(self, full_before: Sequence[UUID]) -> bool:
         """Whether a tool has no room now that had some before the last claim."""

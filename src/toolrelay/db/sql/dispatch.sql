@@ -216,8 +216,12 @@ UPDATE agents.tool_invocations
    AND sent_at IS NULL;
 
 -- name: pending_work
--- For --drain: is anything still running (runnable now, later, or under a lease)?
-SELECT EXISTS (SELECT 1 FROM agents.tool_invocations WHERE status = 'running') AS busy;
+-- For --drain: is anything still running (runnable now, later, or under a lease)? The
+-- unleased calls of the tools in %(skip)s (this worker cannot open their credential) are
+-- not this worker's to wait for.
+SELECT EXISTS (SELECT 1 FROM agents.tool_invocations
+                WHERE status = 'running'
+                  AND (lease_owner IS NOT NULL OR tool_id <> ALL (%(skip)s::uuid[]))) AS busy;
 
 -- name: expire_approvals
 SELECT fn_expire_tool_invocations() AS expired;

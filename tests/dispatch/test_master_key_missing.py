@@ -1,0 +1,96 @@
+"""A worker that lacks the master key a credential is sealed with leaves the call to a worker
+that has it, instead of failing it.
+
+A key rotation across machines (docs/operations.md) is a rolling change: once one process
+has the new key, whatever it writes (an added or rotated credential, an OAuth token it
+refreshed, a rewrap) is sealed with it, while workers not yet restarted have only the old
+key. Each call of such a credential that one of those claimed failed for good
+(credential_error), an approved write included, for a configuration the operator was in the
+middle of fixing. Now the call is handed back unsent and unattempted, the worker passes the
+tool over for a while, says which key it lacks, and a worker with the key sends it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from tests.dispatch.conftest import DRAIN_TIMEOUT, LOOPBACK_ONLY
+from tests.dispatch.upstream import Upstream
+from tests.registry.helpers import add_tool, agent_with_tool
+from toolrelay.credentials import CredentialStore, Keyring, MasterKey
+from toolrelay.db import Database
+from toolrelay.dispatch.worker import Worker, WorkerSettings
+from toolrelay.registry import Registry
+
+Drain = Callable[..., Awaitable[Worker]]
+
+
+async def test_a_worker_without_the_key_leaves_the_call_to_one_that_has_it(
+    registry: Registry,
+    db: Database,
+    upstream: Upstream,
+    drain: Drain,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    old = Keyring([MasterKey("k-old", os.urandom(32))])
+    both = Keyring([old.get("k-old"), MasterKey("k-new", os.urandom(32))])  # newest last
+    cred = CredentialStore(db, both).add(registry.owner, "api_key", "svc", "s3cret-" + "9" * 8)
+    agent, tool = agent_with_tool(
+        registry, key="keyed.get", endpoint_url=f"{upstream.base_url}/keyed",
+        auth_method="api_key", credential_ref=cred,
+    )  # fmt: skip
+    made = registry.invoke(agent, tool["key"], {})
+
+    # The worker not yet restarted with the new key: it drains without sending anything.
+    lacking = Worker(
+        database_url, WorkerSettings(concurrency=4, lease_seconds=5.0, drain=True), old,
+        LOOPBACK_ONLY,
+    )  # fmt: skip
+    with caplog.at_level(logging.ERROR, logger="toolrelay"):
+        await asyncio.wait_for(lacking.run(), DRAIN_TIMEOUT)
+    row = registry.get_invocation(made)
+    assert row["status"] == "running", row["error"]
+    assert row["attempts"] == [] and row["attempt"] == 0 and row["lease_owner"] is None
+    assert upstream.hits["/keyed"] == 0
+    said = [r for r in caplog.records if getattr(r, "action", None) == "master_key_missing"]
+    assert said, [r.getMessage() for r in caplog.records]
+    assert said[0].key_id == "k-new" and said[0].tool == "keyed.get"  # type: ignore[attr-defined]
+    assert "s3cret" not in caplog.text
+
+    # A worker with the key sends it, once.
+    await drain(keyring=both)
+    row = registry.get_invocation(made)
+    assert row["status"] == "completed", row["error"]
+    assert upstream.hits["/keyed"] == 1 and len(row["attempts"]) == 1
+
+
+async def test_a_worker_lacking_the_key_still_sends_the_other_calls(
+    registry: Registry, db: Database, upstream: Upstream, database_url: str
+) -> None:
+    """Passing one tool over holds nothing else back: another tool's call, queued behind
+    it, is sent by the same worker in the same drain."""
+    old = Keyring([MasterKey("k-old", os.urandom(32))])
+    both = Keyring([old.get("k-old"), MasterKey("k-new", os.urandom(32))])
+    sealed_new = CredentialStore(db, both).add(registry.owner, "api_key", "new", "v-" + "1" * 8)
+    agent, keyed = agent_with_tool(
+        registry, key="keyed.two", endpoint_url=f"{upstream.base_url}/keyed-two",
+        auth_method="api_key", credential_ref=sealed_new,
+    )  # fmt: skip
+    add_tool(registry, key="plain.two", endpoint_url=f"{upstream.base_url}/plain")
+    registry.assign(agent, "plain.two")
+    first = [registry.invoke(agent, keyed["key"], {}) for _ in range(3)]
+    plain = registry.invoke(agent, "plain.two", {})
+    lacking = Worker(
+        database_url, WorkerSettings(concurrency=4, lease_seconds=5.0, drain=True), old,
+        LOOPBACK_ONLY,
+    )  # fmt: skip
+    await asyncio.wait_for(lacking.run(), DRAIN_TIMEOUT)
+    assert registry.get_invocation(plain)["status"] == "completed"
+    assert upstream.hits["/keyed-two"] == 0
+    assert {registry.get_invocation(i)["status"] for i in first} == {"running"}
