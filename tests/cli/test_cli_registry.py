@@ -56,3 +56,36 @@ def test_errors_are_one_line_and_exit_non_zero(cli_owner: str) -> None:
     assert bad.exit_code == 1
     assert bad.stderr.count("\n") == 1 and "http_method 'TRACE' is not allowed" in bad.stderr
     assert "Traceback" not in bad.output
+
+
+def test_apply_writes_every_tool_of_the_file_or_none(cli_owner: str, tmp_path: Path) -> None:
+    """A file whose third tool is refused changed nothing: not the first tool's update,
+    not the second tool's creation (each used to be written before the refusal)."""
+    first = tmp_path / "first.yaml"
+    first.write_text(
+        "tools:\n  - {key: a.one, name: One, endpoint_url: 'https://api.example.com/1'}\n"
+    )
+    run("tool", "apply", str(first))
+    for bad_tool, said in (
+        ("{key: c.three, name: Three, endpoint_url: 'ftp://api.example.com/3'}",
+         "tool c.three: endpoint_url 'ftp://api.example.com/3' is not allowed"),
+        # refused by the database itself (no such credential), after the others were sent
+        (f"{{key: c.three, name: Three, endpoint_url: 'https://api.example.com/3',"
+         f" auth_method: api_key, credential_ref: '{uuid.uuid4()}'}}",
+         "tool c.three: "),
+    ):  # fmt: skip
+        changed = tmp_path / "changed.yaml"
+        changed.write_text(
+            "tools:\n"
+            "  - {key: a.one, name: One v2, endpoint_url: 'https://api.example.com/1'}\n"
+            "  - {key: b.two, name: Two, endpoint_url: 'https://api.example.com/2'}\n"
+            f"  - {bad_tool}\n"
+        )
+        refused = runner.invoke(app, ["tool", "apply", str(changed)])
+        assert refused.exit_code == 1, refused.output
+        assert said in refused.stderr and "applied" not in refused.stdout
+        listed = run("tool", "list", "--output", "jsonl")
+        assert '"key":"b.two"' not in listed and '"key":"c.three"' not in listed
+        assert '"name":"One"' in listed and "One v2" not in listed
+    changed.write_text(changed.read_text().rsplit("  - ", 1)[0])  # the good two alone
+    assert run("tool", "apply", str(changed)) == "applied a.one\napplied b.two"

@@ -124,15 +124,15 @@ def load_tool_file(path: Path) -> list[dict[str, Any]]:
 
 @tool_app.command("apply")
 def apply(path: Path) -> None:
-    """Create or update every tool in a YAML/JSON file (idempotent)."""
+    """Create or update every tool in a YAML/JSON file (idempotent): all of them, or none
+    when one is refused."""
     try:
         specs = [ToolSpec.from_mapping(t) for t in load_tool_file(path)]
-        reg = registry()
-        for spec in specs:
-            reg.register_tool(spec)
-            console.print(f"applied {spec.key}", markup=False)
+        registry().register_tools(specs)  # one transaction
     except ToolrelayError as exc:
         raise fail(exc) from None
+    for spec in specs:
+        console.print(f"applied {spec.key}", markup=False)
 
 
 @tool_app.command("list")
