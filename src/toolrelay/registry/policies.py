@@ -28,7 +28,7 @@ from toolrelay.registry.preview import approval_digest
 from toolrelay.registry.validation import check_json_schema, validate_input
 from toolrelay.tokens import Acting, as_acting
 
-__all__ = ["ACTIONS", "Policies", "Policy", "apply_policies"]
+__all__ = ["ACTIONS", "Policies", "Policy", "apply_policies", "strict_approval"]
 
 ACTIONS: Final = ("approve", "reject")
 _COLUMNS: Final = (
@@ -120,6 +120,54 @@ class Policies:
         return as_acting(self._db, who)
 
 
+# Keywords that hold vacuously for any value not of their type ("maximum" passes a string).
+_TYPE_OF_KEYWORD: Final = {
+    **dict.fromkeys(("maximum", "minimum", "exclusiveMaximum", "exclusiveMinimum",
+                     "multipleOf"), "number"),
+    **dict.fromkeys(("maxLength", "minLength", "pattern", "format"), "string"),
+    **dict.fromkeys(("items", "prefixItems", "maxItems", "minItems", "uniqueItems",
+                     "contains", "maxContains", "minContains"), "array"),
+    **dict.fromkeys(("properties", "required", "maxProperties", "minProperties",
+                     "additionalProperties", "patternProperties", "propertyNames",
+                     "dependentRequired", "dependentSchemas"), "object"),
+}  # fmt: skip
+# Where a stricter subschema makes the whole stricter. Not under not, oneOf or if (there it
+# can let more through), nor $defs (a $ref may reach it from such a place).
+_STRICTER_INSIDE: Final = ("allOf", "anyOf", "items", "prefixItems", "contains",
+                           "additionalProperties", "propertyNames", "then", "else")  # fmt: skip
+_STRICTER_MAPS: Final = ("properties", "patternProperties", "dependentSchemas")
+
+
+def strict_approval(schema: Any) -> Any:
+    """An approval rule as it is applied: every property a (sub)schema constrains is
+    required, and a subschema whose keywords are about one type of value must be of that
+    type. A copy that only ever adds constraints, so it matches a subset of what the rule as
+    written matches: what the rule does not name stays unchecked, but nothing it names can
+    be met by leaving it out or sending another type (docs/approvals.md)."""
+    if not isinstance(schema, dict):
+        return schema
+    strict = dict(schema)
+    for key in _STRICTER_INSIDE:
+        value = strict.get(key)
+        if isinstance(value, list):
+            strict[key] = [strict_approval(each) for each in value]
+        elif isinstance(value, dict):
+            strict[key] = strict_approval(value)
+    for key in _STRICTER_MAPS:
+        value = strict.get(key)
+        if isinstance(value, dict):
+            strict[key] = {name: strict_approval(each) for name, each in value.items()}
+    named = strict.get("properties")
+    if isinstance(named, dict) and named:
+        required = strict.get("required")
+        listed = list(required) if isinstance(required, list) else []
+        strict["required"] = listed + [name for name in named if name not in listed]
+    types = sorted({_TYPE_OF_KEYWORD[k] for k in strict if k in _TYPE_OF_KEYWORD})
+    if types and "type" not in strict:
+        strict["type"] = types[0] if len(types) == 1 else types
+    return strict
+
+
 def apply_policies(db: Database, invocation_id: UUID) -> str | None:
     """Let the first rule of the call's tool that its input matches decide a pending call;
     the status it then has, or None when no rule matched (or it is not pending)."""
@@ -129,8 +177,11 @@ def apply_policies(db: Database, invocation_id: UUID) -> str | None:
             if row is None or not row["policies"]:
                 return None
             for policy in row["policies"]:
+                schema = policy["schema"]
+                if policy["action"] == "approve":  # an agent must not meet it by omission
+                    schema = strict_approval(schema)
                 try:
-                    validate_input(policy["schema"], row["input"])
+                    validate_input(schema, row["input"])
                 except InvalidInput:
                     continue
                 digest = approval_digest(row) if policy["action"] == "approve" else None
