@@ -264,6 +264,18 @@ def test_hostname_entry_matches_name_exactly_not_its_address() -> None:
         guard.check_url("http://127.0.0.1/")
 
 
+@pytest.mark.parametrize("address", ["169.254.169.254", "fd00:ec2::254"])
+def test_a_host_name_entry_never_opens_the_cloud_metadata_address(address: str) -> None:
+    """DNS is hostile: `api.internal` allowed for an internal service must not become the
+    machine's credentials when its name resolves to the metadata address (a poisoned or
+    mistyped record). Only an entry naming that address itself opens it (and warns)."""
+    guard = policy("api.internal")
+    guard.check_address("api.internal", "10.0.0.7")  # what the entry is for
+    with pytest.raises(EgressBlocked, match="metadata"):
+        guard.check_address("api.internal", address)
+    policy(address).check_address("api.internal", address)  # named by address: as written
+
+
 def test_cidr_entries_open_exactly_their_network() -> None:
     guard = policy("10.0.0.0/8, fc00::/7")
     guard.check_url("http://10.1.2.3/")

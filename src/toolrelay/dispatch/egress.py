@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
+from typing import Final
 from uuid import UUID
 
 import aiohttp
@@ -48,6 +49,13 @@ __all__ = [
 ]
 
 ALLOW_ENV = "TOOLRELAY_EGRESS_ALLOW"
+# Where a cloud VM's metadata service answers (AWS, GCP, Azure, ...; AWS's IPv6 one): its
+# credentials are the machine's. Only an entry naming the address opens it, never a host name
+# (DNS is hostile: a name resolving there would hand any tool the machine's credentials).
+METADATA_ADDRESSES: Final = (
+    ipaddress.ip_address("169.254.169.254"),
+    ipaddress.ip_address("fd00:ec2::254"),
+)
 _SCHEMES = frozenset({"http", "https"})
 _HINT = f"add it to {ALLOW_ENV} to allow"
 _MAX_PORT = 65535
@@ -274,8 +282,8 @@ class AllowEntry:
         """Admits ``ip`` on ``port``, reached through ``host`` (normalised, the URL's)?"""
         if self.port is not None and self.port != port:
             return False
-        if isinstance(self.target, str):
-            return self.target == host
+        if isinstance(self.target, str):  # trusting DNS for the name, but not for metadata
+            return self.target == host and ip not in METADATA_ADDRESSES
         return ip in self.target
 
     def applies_to(self, dispatch: Dispatch | None) -> bool:
@@ -495,6 +503,11 @@ class EgressPolicy:
 
     def _hint(self, host: str, ip: IPAddress, port: int | None, grant: Grant) -> str:
         """For the owner: why no entry let it through, naming one that nearly did."""
+        if ip in METADATA_ADDRESSES and any(e.target == host for e in self._all):
+            return (
+                f"a host name in {ALLOW_ENV} never opens the cloud metadata address {ip}"
+                " (its credentials are this machine's): name the address itself if meant"
+            )
         near = [e for e in self._all if e.opens(host, ip, port)]
         if near and grant.other_origin:
             return f"{ALLOW_ENV} never applies to a redirect away from the tool's endpoint origin"

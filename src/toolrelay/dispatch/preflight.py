@@ -23,7 +23,7 @@ import psycopg
 from psycopg import conninfo
 from yarl import URL
 
-from toolrelay.dispatch.egress import EgressPolicy
+from toolrelay.dispatch.egress import METADATA_ADDRESSES, EgressPolicy
 from toolrelay.errors import EgressBlocked
 
 RESOLVE_TIMEOUT = 2.0  # seconds for all host names together
@@ -56,12 +56,6 @@ def allow_list(policy: EgressPolicy) -> list[str]:
     return written
 
 
-# Where a cloud VM's metadata service answers (AWS, GCP, Azure, ...; AWS's IPv6 one): its
-# credentials are the machine's. An allow entry covering one lets any owner's tool read them.
-METADATA_ADDRESSES = (
-    ipaddress.ip_address("169.254.169.254"),
-    ipaddress.ip_address("fd00:ec2::254"),
-)
 # A network wider than this opens more than a site's own addresses: most of the guard is off.
 WIDEST_V4, WIDEST_V6 = 8, 32
 
