@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import typer.main
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -128,6 +128,9 @@ ID_COMMANDS = [["approve"], ["reject"], ["invocations", "show"], ["tool", "show"
 def test_arbitrary_argument_strings(
     cli_env: dict[str, str], command: list[str], args: list[str]
 ) -> None:
+    # An argument that reads as an internal name ("psycopg": Hypothesis draws the literals of
+    # this module) is rightly quoted back in "'…' is not a valid id"; it proves nothing here.
+    assume(not any(INTERNAL.search(a) for a in args))
     check(cli_env, [*command, *(a for a in args if "\x00" not in a)])
 
 
