@@ -59,4 +59,5 @@ async def wait_for_invocation(
         gone=request.is_disconnected,
         unread_since=unread_since,
         take_handed=own,
+        agent=agent,
     )

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 from uuid import UUID
@@ -29,7 +30,7 @@ import psycopg
 
 from toolrelay.errors import ConfigurationError
 
-__all__ = ["DONE_CHANNEL", "FALLBACK_POLL_ENV", "Outcomes", "nothing_held"]
+__all__ = ["DONE_CHANNEL", "FALLBACK_POLL_ENV", "WAITS_PER_AGENT", "Outcomes", "nothing_held"]
 
 DONE_CHANNEL: Final = "toolrelay_done"
 FALLBACK_POLL_ENV: Final = "TOOLRELAY_WAIT_POLL_SECONDS"
@@ -40,6 +41,9 @@ RECENT_IDS: Final = 50_000  # ids told lately, kept for waiters that skip their 
 # While the in-process worker holds a call, its taking waiter looks this often whether it
 # still does (a call it gives up without a hand-off, e.g. a lost lease, is then read).
 HOLD_CHECK: Final = 0.05  # seconds
+# Calls one agent may wait on at once in a process (API ?wait, MCP tools/call): each holds an
+# HTTP request and its socket open. Past it a wait answers at once with the call's state.
+WAITS_PER_AGENT: Final = 64
 
 Row = dict[str, Any]
 log = logging.getLogger("toolrelay.outcomes")
@@ -71,8 +75,15 @@ class Outcomes:
     The listener starts with the first waiter, in that waiter's event loop.
     """
 
-    def __init__(self, url: str | None, fallback_poll: float | None = None) -> None:
+    def __init__(
+        self,
+        url: str | None,
+        fallback_poll: float | None = None,
+        waits_per_agent: int = WAITS_PER_AGENT,
+    ) -> None:
         self.url = url
+        self.waits_per_agent = waits_per_agent
+        self._agents_waiting: Counter[str] = Counter()
         self.fallback_poll = fallback_poll_from_env() if fallback_poll is None else fallback_poll
         self.listening = False
         self.epoch = 0  # one more at every (re)connection of the listener
@@ -95,6 +106,7 @@ class Outcomes:
         gone: Callable[[], Awaitable[bool]] | None = None,
         unread_since: int | None = None,
         take_handed: bool = False,
+        agent: str | None = None,
     ) -> Row:
         """``read()`` once ``settled`` by it, when ``seconds`` have passed, or when ``gone``.
 
@@ -102,10 +114,14 @@ class Outcomes:
         when the listener has listened since and has not told this id yet.
         ``take_handed``: an outcome the in-process worker hands over (``hand``) is the
         answer, unread: only for the caller that made the call (the row is not filtered
-        by who may see it)."""
+        by who may see it). ``agent``: the agent waiting; one already waiting on
+        ``waits_per_agent`` calls here gets the state now instead of a wait (WAITS_PER_AGENT).
+        """
+        if agent is not None and self._agents_waiting[agent] >= self.waits_per_agent:
+            seconds = 0.0  # its share of this process's open requests is taken
         deadline = time.monotonic() + seconds
         key = str(invocation_id)
-        with self._watch(key) as event, self._take(key, take_handed):
+        with self._watch(key) as event, self._take(key, take_handed), self._counted(agent):
             skip = self.listening and self.epoch == unread_since and key not in self._recent
             while True:
                 if take_handed and key in self._handed:  # the worker is done with it
@@ -151,6 +167,19 @@ class Outcomes:
             if key in self._taking:
                 self._handed[key] = row
         self.wake(outcomes)
+
+    @contextlib.contextmanager
+    def _counted(self, agent: str | None) -> Iterator[None]:
+        if agent is None:
+            yield
+            return
+        self._agents_waiting[agent] += 1
+        try:
+            yield
+        finally:
+            self._agents_waiting[agent] -= 1
+            if not self._agents_waiting[agent]:
+                del self._agents_waiting[agent]
 
     @contextlib.contextmanager
     def _take(self, key: str, taking: bool) -> Iterator[None]:

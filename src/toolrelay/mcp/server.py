@@ -596,6 +596,7 @@ class _Handlers:
             wait,
             unread_since=mark,
             take_handed=own,
+            agent=agent,
         )
 
 
