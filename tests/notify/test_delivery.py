@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -13,7 +14,10 @@ import psycopg
 
 from tests.notify.conftest import DRAIN_TIMEOUT, LOOPBACK_ONLY, PUBLIC_URL, Driver, Receiver
 from tests.notify.helpers import subscribe, tool_for
-from toolrelay.credentials import CredentialStore
+from toolrelay.credentials import CredentialStore, Keyring, MasterKey
+from toolrelay.dispatch.egress import make_connector
+from toolrelay.dispatch.http import outbound_session
+from toolrelay.dispatch.store import open_pool
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.notify.deliver import (
     BACKOFF_BASE,
@@ -22,6 +26,7 @@ from toolrelay.notify.deliver import (
     BACKOFF_JITTER,
     DELIVERY_BATCH,
     PER_SUBSCRIPTION,
+    Deliverer,
 )
 
 Drain = Callable[..., Awaitable[Worker]]
@@ -366,3 +371,33 @@ async def test_a_slow_receiver_does_not_hold_back_other_owners_deliveries(
     ids = [r.headers["webhook-id"] for r in receiver.at("/slow")]
     assert len(ids) == len(set(ids)) == queued  # each delivered once
     assert all(r["delivered_at"] is not None for r in slow.webhooks.deliveries())
+
+
+async def test_a_deliverer_without_the_master_key_spends_no_attempt(
+    owner: SimpleNamespace, receiver: Receiver, deliver: Driver, notify_url: str
+) -> None:
+    """A webhook secret sealed with a key this process lacks (a key rotation reaching the
+    machines one by one) is this process's fault, not the receiver's: each try is recorded
+    with the reason and spends no attempt, so the delivery never dies of it and is sent,
+    once, by a deliverer that has the key."""
+    subscribe(owner, receiver, events=("invocation.pending",))
+    owner.registry.invoke("bot", tool_for(owner, receiver, gated=True), {})
+    [row] = owner.webhooks.deliveries()
+    lacking = Keyring([MasterKey("another", os.urandom(32))])
+    pool = open_pool(notify_url, max_size=2)
+    await pool.open(wait=True)
+    now: datetime | None = None
+    async with outbound_session(make_connector(LOOPBACK_ONLY)) as session:
+        without = Deliverer(pool, lacking, LOOPBACK_ONLY, session, public_url=PUBLIC_URL)
+        for _ in range(row["max_attempts"] + 2):
+            assert await without.deliver_once(now) >= 1  # others' rows due by then too
+            [row] = owner.webhooks.deliveries()
+            assert (row["attempts"], row["dead"]) == (0, False)
+            assert "master key 'notify-test' is not configured" in row["last_error"]
+            now = row["next_attempt_at"]
+    await pool.close()
+    assert receiver.at("/hook") == []
+    assert await deliver.once(now) >= 1  # this process has the key
+    [row] = owner.webhooks.deliveries()
+    assert row["delivered_at"] is not None and row["attempts"] == 1, row
+    assert len(receiver.at("/hook")) == 1

@@ -40,7 +40,7 @@ from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
 from toolrelay.dispatch.http import SendFailure, SendSpec, outbound_session, send
 from toolrelay.dispatch.metrics import family
-from toolrelay.errors import ConfigurationError, EgressBlocked, ToolrelayError
+from toolrelay.errors import ConfigurationError, EgressBlocked, ToolrelayError, UnknownMasterKey
 from toolrelay.notify import payloads
 from toolrelay.notify.signing import headers as signed_headers
 from toolrelay.notify.subscriptions import unseal_secret
@@ -67,6 +67,7 @@ COUNTS_INTERVAL = 15.0  # seconds between reads of the pending/dead gauges
 PRUNE_INTERVAL = 3600.0  # seconds between removals of old delivered rows
 DELIVERED_RETENTION = 7 * 86400.0  # seconds a delivered row is kept
 ERROR_CHARS = 300  # of a recorded error
+KEYLESS_RETRY = 60.0  # seconds before a try this process could not sign is made again
 ERROR_DELAY = 5.0  # seconds to wait after the database or a bug stopped a pass
 USER_AGENT = "toolrelay-webhooks"
 
@@ -85,6 +86,9 @@ class Result:
     status: int | None = None
     error: str | None = None
     retry_in: float = 0.0
+    # Not an attempt: this process lacks the master key the secret is sealed with (a key
+    # rotation half-way), so the try spends none of the delivery's attempts.
+    uncounted: bool = False
 
 
 class DeliveryMetrics:
@@ -259,14 +263,16 @@ class Deliverer:
             log.exception("webhook delivery attempt failed", extra={"action": "webhook_error"})
             result = Result(str(row["id"]), row["attempts"], ok=False,
                             error=f"internal error: {type(exc).__name__}")  # fmt: skip
-        if result.ok:
+        outcome = "delivered" if result.ok else "not_sent" if result.uncounted else "failed"
+        if outcome == "delivered":
             self.metrics.delivered += 1
-        else:
+        elif outcome == "failed":
             self.metrics.failed += 1
             if row["attempts"] >= row["max_attempts"]:
                 self.metrics.died += 1
             result.retry_in = max(result.retry_in, backoff(row["attempts"]))
-        log.info(
+        log.log(
+            logging.WARNING if result.uncounted else logging.INFO,  # a key this process lacks
             "webhook delivery attempt finished",
             extra={
                 "action": "webhook_delivery",
@@ -274,9 +280,10 @@ class Deliverer:
                 "subscription_id": str(row["subscription_id"]),
                 "event": row["event"],
                 "attempt": row["attempts"],
-                "outcome": "delivered" if result.ok else "failed",
+                "outcome": outcome,
                 "http_status": result.status,
-                "dead": not result.ok and row["attempts"] >= row["max_attempts"],
+                "dead": outcome == "failed" and row["attempts"] >= row["max_attempts"],
+                "error": result.error if result.uncounted else None,
             },
         )
         return result
@@ -310,6 +317,10 @@ class Deliverer:
             return result
         except SendFailure as exc:
             result.error = f"{exc.code}: {exc.message}"[:ERROR_CHARS]
+            return result
+        except UnknownMasterKey as exc:  # this process's configuration, not the receiver
+            result.error = f"{exc.code}: {exc.message}"[:ERROR_CHARS]
+            result.uncounted, result.retry_in = True, KEYLESS_RETRY
             return result
         except ToolrelayError as exc:  # the secret does not decrypt, say
             result.error = f"{exc.code}: {exc.message}"[:ERROR_CHARS]

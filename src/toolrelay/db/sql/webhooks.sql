@@ -92,17 +92,21 @@ RETURNING d.id, d.owner, d.event, d.payload, d.attempts, d.max_attempts,
 
 -- name: record
 -- Results of one batch; a row claimed again since (its lease ran out) is not overwritten.
+-- An uncounted try (this process lacks the master key the secret is sealed with) gives its
+-- attempt back and never makes the row dead.
 UPDATE agents.webhook_deliveries d
    SET last_status = r.status,
        last_error = r.error,
+       attempts = CASE WHEN r.uncounted THEN d.attempts - 1 ELSE d.attempts END,
        delivered_at = CASE WHEN r.ok THEN now() END,
-       dead = NOT r.ok AND d.attempts >= d.max_attempts,
-       next_attempt_at = CASE WHEN r.ok OR d.attempts >= d.max_attempts THEN d.next_attempt_at
+       dead = NOT r.ok AND NOT r.uncounted AND d.attempts >= d.max_attempts,
+       next_attempt_at = CASE WHEN r.ok OR (NOT r.uncounted AND d.attempts >= d.max_attempts)
+                              THEN d.next_attempt_at
                               ELSE coalesce(%(now)s::timestamptz, now())
                                    + make_interval(secs => r.retry_in) END
   FROM jsonb_to_recordset(%(results)s) AS r(
       id uuid, attempts integer, ok boolean, status integer, error text,
-      retry_in double precision)
+      retry_in double precision, uncounted boolean)
  WHERE d.id = r.id AND d.attempts = r.attempts AND d.delivered_at IS NULL AND NOT d.dead
 RETURNING d.id, d.dead;
 
