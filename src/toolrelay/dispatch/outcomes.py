@@ -91,7 +91,7 @@ class Outcomes:
         self._recent: dict[str, None] = {}  # insertion-ordered: the oldest goes first
         # Outcomes handed over, for waiters taking them (None: handed, but a read must tell).
         self._handed: dict[str, Row | None] = {}
-        self._taking: dict[str, int] = {}  # ids waited on by ``take_handed`` waiters
+        self._taking: Counter[str] = Counter()  # ids waited on by ``take_handed`` waiters
         self._task: asyncio.Task[None] | None = None
         # Set by `serve`: whether its worker still holds this call (and so will hand its
         # outcome over). Its NOTIFY can wake the waiter before the hand-off does.
@@ -168,32 +168,15 @@ class Outcomes:
                 self._handed[key] = row
         self.wake(outcomes)
 
-    @contextlib.contextmanager
-    def _counted(self, agent: str | None) -> Iterator[None]:
-        if agent is None:
-            yield
-            return
-        self._agents_waiting[agent] += 1
-        try:
-            yield
-        finally:
-            self._agents_waiting[agent] -= 1
-            if not self._agents_waiting[agent]:
-                del self._agents_waiting[agent]
+    def _counted(self, agent: str | None) -> contextlib.AbstractContextManager[None]:
+        return _counting(self._agents_waiting, agent)
 
-    @contextlib.contextmanager
-    def _take(self, key: str, taking: bool) -> Iterator[None]:
-        if not taking:
-            yield
-            return
-        self._taking[key] = self._taking.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            self._taking[key] -= 1
-            if not self._taking[key]:
-                del self._taking[key]
-                self._handed.pop(key, None)
+    def _take(self, key: str, taking: bool) -> contextlib.AbstractContextManager[None]:
+        # the last taker gone, an outcome handed over for it is dropped
+        return _counting(self._taking, key if taking else None, self._drop_handed)
+
+    def _drop_handed(self, key: str) -> None:
+        self._handed.pop(key, None)
 
     def waiting(self, invocation_id: UUID | None = None) -> bool:
         """Whether someone waits on this call (None: on any call) now."""
@@ -256,3 +239,23 @@ class Outcomes:
                 self._wake_all()  # they poll now
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX)
+
+
+@contextlib.contextmanager
+def _counting(
+    counts: Counter[str], key: str | None, on_last: Callable[[str], object] | None = None
+) -> Iterator[None]:
+    """``counts[key]`` one higher while the block runs (nothing for None); at zero the key
+    goes, and ``on_last(key)`` is called."""
+    if key is None:
+        yield
+        return
+    counts[key] += 1
+    try:
+        yield
+    finally:
+        counts[key] -= 1
+        if not counts[key]:
+            del counts[key]
+            if on_last is not None:
+                on_last(key)
