@@ -141,13 +141,19 @@ def import_openapi(
             ]  # fmt: skip
             typer.echo(yaml.safe_dump({"tools": tools}, sort_keys=False, allow_unicode=True))
             return
-        rows = _registry().register_tools(plan.tools)
+        # gating the owner added by hand survives a second import (inferred gating is added)
+        rows = _registry().register_tools(plan.tools, keep_gating=True)
     except ToolrelayError as exc:
         raise fail(exc) from None
     except psycopg.Error as exc:
         raise fail(database_error(exc)) from None
+    planned = {spec.key: spec for spec in plan.tools}
     for row in rows:
         typer.echo(f"imported {row['key']} ({row['http_method']} {row['endpoint_url']})")
+        if row["requires_approval"] and not planned[row["key"]].requires_approval:
+            _note(
+                f"{row['key']} keeps its approval (set on the tool; the document does not ask it)"
+            )
 
 
 def database_error(exc: psycopg.Error) -> ToolrelayError:

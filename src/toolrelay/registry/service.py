@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, TypeVar
 from uuid import UUID
@@ -238,10 +238,12 @@ class Registry:
             check_tool(row)
             return row
 
-    def register_tools(self, specs: Sequence[ToolSpec]) -> list[Row]:
+    def register_tools(self, specs: Sequence[ToolSpec], keep_gating: bool = False) -> list[Row]:
         """Create or update (by key) several tools in one transaction: all or none.
 
-        An error names the tool it is about; nothing is written then.
+        An error names the tool it is about; nothing is written then. ``keep_gating``
+        (an import, whose gating is inferred, not stated): a tool that is gated now stays
+        gated, and one dangerous stays dangerous, whatever the spec says.
         """
         keys = [spec.key for spec in specs]
         duplicates = sorted({key for key in keys if keys.count(key) > 1})
@@ -254,7 +256,8 @@ class Registry:
             for spec in specs:
                 try:
                     with conn.transaction():  # a savepoint, so the error can name the tool
-                        rows.append(self._register(conn, spec))
+                        kept = _kept_gating(conn, spec) if keep_gating else spec
+                        rows.append(self._register(conn, kept))
                 except psycopg.Error as exc:
                     error = translate_db_error(exc)
                     raise type(error)(f"tool {spec.key}: {error.message}") from None
@@ -751,6 +754,22 @@ def _checked(schema: Any, payload: dict[str, Any], agent: bool) -> dict[str, Any
         payload = from_strict_call(schema, payload)
     validate_input(schema, payload)
     return payload
+
+
+def _kept_gating(conn: psycopg.Connection[Row], spec: ToolSpec) -> ToolSpec:
+    """``spec``, never less gated than the tool of its key is now (locked until commit)."""
+    now = conn.execute(
+        "SELECT agents.tool_is_gated(t) AS gated, t.is_dangerous FROM agents.tools_registry t"
+        " WHERE t.key = %s FOR UPDATE",
+        (spec.key,),
+    ).fetchone()
+    if now is None:
+        return spec
+    return replace(
+        spec,
+        requires_approval=spec.requires_approval or bool(now["gated"]),
+        is_dangerous=spec.is_dangerous or bool(now["is_dangerous"]),
+    )
 
 
 def _insert_seen_steps(
