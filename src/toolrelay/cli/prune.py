@@ -15,8 +15,7 @@ def prune(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
 ) -> None:
-    """Delete finished invocations (and their attempts) of every owner that finished longer
-    ago than the given duration."""
+    """Delete every owner's finished invocations (and attempts) older than a duration."""
     try:
         pruned = prune_history(database(), older_than, dry_run=dry_run)
     except ToolrelayError as exc:
