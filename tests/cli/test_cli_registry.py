@@ -89,3 +89,23 @@ def test_apply_writes_every_tool_of_the_file_or_none(cli_owner: str, tmp_path: P
         assert '"name":"One"' in listed and "One v2" not in listed
     changed.write_text(changed.read_text().rsplit("  - ", 1)[0])  # the good two alone
     assert run("tool", "apply", str(changed)) == "applied a.one\napplied b.two"
+
+
+def test_apply_keeps_gating_the_file_does_not_mention(cli_owner: str, tmp_path: Path) -> None:
+    """A file that says nothing of approval leaves an owner's `requires_approval=true` as it
+    is (applying it again used to ungate the tool); a file that says false means it."""
+    path = tmp_path / "read.yaml"
+    path.write_text("tools:\n  - {key: r.read, name: Read, http_method: GET, egress_class: "
+                    "read_only, endpoint_url: 'https://api.example.com/r'}\n")  # fmt: skip
+    run("tool", "apply", str(path))
+    run("tool", "update", "r.read", "--set", "requires_approval=true")
+    path.write_text(path.read_text().replace("name: Read,", "name: Read it,"))
+    kept = runner.invoke(app, ["tool", "apply", str(path)]).output
+    assert "r.read keeps requires_approval=true (set on the tool; the file does not say)" in kept
+    shown = run("tool", "show", "r.read")
+    assert '"requires_approval": true' in shown and '"name": "Read it"' in shown
+    path.write_text(
+        path.read_text().replace("name: Read it,", "name: Read, requires_approval: false,")
+    )
+    run("tool", "apply", str(path))
+    assert '"requires_approval": false' in run("tool", "show", "r.read")

@@ -56,7 +56,9 @@ def test_a_second_import_keeps_the_gating_an_owner_added(owner: Owner, tmp_path:
     again = owner.cli("import", "openapi", str(path), "--prefix", "files.")
     assert again.exit_code == 0, again.output
     assert _gated(owner, "files.read") == (True, True, "read_only")  # the owner's decision
-    assert "files.read keeps its approval (set on the tool;" in again.output
+    assert "files.read keeps requires_approval=true, is_dangerous=true (set on the tool;" in (
+        again.output
+    )
     assert _gated(owner, "files.remove") == (True, False, "write")  # inferred, as before
 
 

@@ -147,13 +147,11 @@ def import_openapi(
         raise fail(exc) from None
     except psycopg.Error as exc:
         raise fail(database_error(exc)) from None
-    planned = {spec.key: spec for spec in plan.tools}
     for row in rows:
         typer.echo(f"imported {row['key']} ({row['http_method']} {row['endpoint_url']})")
-        if row["requires_approval"] and not planned[row["key"]].requires_approval:
-            _note(
-                f"{row['key']} keeps its approval (set on the tool; the document does not ask it)"
-            )
+        if row["kept_gating"]:  # gating is only ever added by an import
+            kept = ", ".join(row["kept_gating"])
+            _note(f"{row['key']} keeps {kept} (set on the tool; the document does not ask it)")
 
 
 def database_error(exc: psycopg.Error) -> ToolrelayError:

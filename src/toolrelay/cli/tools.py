@@ -122,17 +122,30 @@ def load_tool_file(path: Path) -> list[dict[str, Any]]:
     return data
 
 
+# What a file says about approval; a tool whose entry names neither keeps its own.
+APPROVAL_FIELDS = frozenset({"requires_approval", "is_dangerous"})
+
+
 @tool_app.command("apply")
 def apply(path: Path) -> None:
     """Create or update every tool in a YAML/JSON file (idempotent): all of them, or none
     when one is refused."""
     try:
-        specs = [ToolSpec.from_mapping(t) for t in load_tool_file(path)]
-        registry().register_tools(specs)  # one transaction
+        entries = load_tool_file(path)
+        specs = [ToolSpec.from_mapping(t) for t in entries]
+        # A tool whose entry says nothing of approval keeps its gating (an owner's
+        # `requires_approval=true` set by hand is not undone by applying the file again).
+        unstated = {spec.key for spec, t in zip(specs, entries, strict=True)
+                    if not APPROVAL_FIELDS & t.keys()}  # fmt: skip
+        rows = registry().register_tools(specs, keep_gating=unstated)  # one transaction
     except ToolrelayError as exc:
         raise fail(exc) from None
-    for spec in specs:
+    for spec, row in zip(specs, rows, strict=True):
         console.print(f"applied {spec.key}", markup=False)
+        if row["kept_gating"]:
+            kept = ", ".join(row["kept_gating"])
+            console.print(f"{spec.key} keeps {kept} (set on the tool; the file does not say)",
+                          markup=False)  # fmt: skip
 
 
 @tool_app.command("list")

@@ -7,7 +7,7 @@ uuid as ``auth.uid()``), so row-level security applies to everything it does.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -238,12 +238,15 @@ class Registry:
             check_tool(row)
             return row
 
-    def register_tools(self, specs: Sequence[ToolSpec], keep_gating: bool = False) -> list[Row]:
+    def register_tools(
+        self, specs: Sequence[ToolSpec], keep_gating: bool | Collection[str] = False
+    ) -> list[Row]:
         """Create or update (by key) several tools in one transaction: all or none.
 
         An error names the tool it is about; nothing is written then. ``keep_gating``
-        (an import, whose gating is inferred, not stated): a tool that is gated now stays
-        gated, and one dangerous stays dangerous, whatever the spec says.
+        (True: every tool; else the keys of those whose gating the caller did not state,
+        e.g. an import infers it): a tool that is gated now stays gated, and one dangerous
+        stays dangerous, whatever the spec says.
         """
         keys = [spec.key for spec in specs]
         duplicates = sorted({key for key in keys if keys.count(key) > 1})
@@ -256,8 +259,14 @@ class Registry:
             for spec in specs:
                 try:
                     with conn.transaction():  # a savepoint, so the error can name the tool
-                        kept = _kept_gating(conn, spec) if keep_gating else spec
-                        rows.append(self._register(conn, kept))
+                        keep = keep_gating is True or (
+                            not isinstance(keep_gating, bool) and spec.key in keep_gating
+                        )
+                        kept = _kept_gating(conn, spec) if keep else spec
+                        row = self._register(conn, kept)
+                        # what it kept over the spec, for the caller to say (field=value)
+                        row["kept_gating"] = _changed(spec, kept, GATING_FIELDS)
+                        rows.append(row)
                 except psycopg.Error as exc:
                     error = translate_db_error(exc)
                     raise type(error)(f"tool {spec.key}: {error.message}") from None
@@ -756,19 +765,36 @@ def _checked(schema: Any, payload: dict[str, Any], agent: bool) -> dict[str, Any
     return payload
 
 
+GATING_FIELDS: Final = ("requires_approval", "is_dangerous", "egress_class")
+
+
+def _changed(before: ToolSpec, after: ToolSpec, fields: Sequence[str]) -> list[str]:
+    shown = [(f, getattr(after, f)) for f in fields if getattr(before, f) != getattr(after, f)]
+    return [f"{f}={str(v).lower() if isinstance(v, bool) else v}" for f, v in shown]
+
+
 def _kept_gating(conn: psycopg.Connection[Row], spec: ToolSpec) -> ToolSpec:
-    """``spec``, never less gated than the tool of its key is now (locked until commit)."""
+    """``spec``, or, when the tool of its key is gated now (locked until commit) and the spec
+    would leave it ungated (no approval asked, not dangerous, read_only), the spec with the
+    tool's own gating fields kept."""
     now = conn.execute(
-        "SELECT agents.tool_is_gated(t) AS gated, t.is_dangerous FROM agents.tools_registry t"
-        " WHERE t.key = %s FOR UPDATE",
+        "SELECT requires_approval, is_dangerous, egress_class FROM agents.tools_registry"
+        " WHERE key = %s FOR UPDATE",
         (spec.key,),
     ).fetchone()
     if now is None:
         return spec
+    gated_now = (
+        now["requires_approval"] or now["is_dangerous"] or now["egress_class"] != "read_only"
+    )
+    egress = spec.egress_class or now["egress_class"]  # None: unchanged
+    if not gated_now or spec.requires_approval or spec.is_dangerous or egress != "read_only":
+        return spec
     return replace(
         spec,
-        requires_approval=spec.requires_approval or bool(now["gated"]),
-        is_dangerous=spec.is_dangerous or bool(now["is_dangerous"]),
+        requires_approval=now["requires_approval"],
+        is_dangerous=now["is_dangerous"],
+        egress_class=now["egress_class"] if spec.egress_class is not None else None,
     )
 
 
