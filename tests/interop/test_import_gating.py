@@ -56,7 +56,7 @@ def test_a_second_import_keeps_the_gating_an_owner_added(owner: Owner, tmp_path:
     again = owner.cli("import", "openapi", str(path), "--prefix", "files.")
     assert again.exit_code == 0, again.output
     assert _gated(owner, "files.read") == (True, True, "read_only")  # the owner's decision
-    assert "files.read keeps requires_approval=true, is_dangerous=true (set on the tool;" in (
+    assert "files.read keeps is_dangerous=true, requires_approval=true (set on the tool;" in (
         again.output
     )
     assert _gated(owner, "files.remove") == (True, False, "write")  # inferred, as before
@@ -74,3 +74,16 @@ def test_an_import_still_adds_gating(owner: Owner, tmp_path: Path) -> None:
     path.write_text(json.dumps(DOC))
     assert owner.cli("import", "openapi", str(path), "--prefix", "f.").exit_code == 0
     assert _gated(owner, "f.remove") == (True, False, "write")
+
+
+def test_an_import_keeps_a_dangerous_tool_dangerous(owner: Owner, tmp_path: Path) -> None:
+    """is_dangerous sets the quorum's default (two approvers): an import never infers it, so
+    it never clears it, even on a tool that stays gated for another reason."""
+    path = tmp_path / "files.json"
+    path.write_text(json.dumps(DOC))
+    assert owner.cli("import", "openapi", str(path), "--prefix", "d.").exit_code == 0
+    assert owner.cli("tool", "update", "d.remove", "--set", "is_dangerous=true").exit_code == 0
+    again = owner.cli("import", "openapi", str(path), "--prefix", "d.")
+    assert again.exit_code == 0, again.output
+    assert _gated(owner, "d.remove") == (True, True, "write")
+    assert "d.remove keeps is_dangerous=true" in again.output

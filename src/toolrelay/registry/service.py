@@ -245,8 +245,8 @@ class Registry:
 
         An error names the tool it is about; nothing is written then. ``keep_gating``
         (True: every tool; else the keys of those whose gating the caller did not state,
-        e.g. an import infers it): a tool that is gated now stays gated, and one dangerous
-        stays dangerous, whatever the spec says.
+        e.g. an import infers it): a tool that is gated now is not ungated by its spec, and
+        one dangerous stays dangerous (each row's ``kept_gating`` says what was kept).
         """
         keys = [spec.key for spec in specs]
         duplicates = sorted({key for key in keys if keys.count(key) > 1})
@@ -262,10 +262,9 @@ class Registry:
                         keep = keep_gating is True or (
                             not isinstance(keep_gating, bool) and spec.key in keep_gating
                         )
-                        kept = _kept_gating(conn, spec) if keep else spec
+                        kept, said = _kept_gating(conn, spec) if keep else (spec, [])
                         row = self._register(conn, kept)
-                        # what it kept over the spec, for the caller to say (field=value)
-                        row["kept_gating"] = _changed(spec, kept, GATING_FIELDS)
+                        row["kept_gating"] = said  # for the caller to say (field=value)
                         rows.append(row)
                 except psycopg.Error as exc:
                     error = translate_db_error(exc)
@@ -765,37 +764,29 @@ def _checked(schema: Any, payload: dict[str, Any], agent: bool) -> dict[str, Any
     return payload
 
 
-GATING_FIELDS: Final = ("requires_approval", "is_dangerous", "egress_class")
-
-
-def _changed(before: ToolSpec, after: ToolSpec, fields: Sequence[str]) -> list[str]:
-    shown = [(f, getattr(after, f)) for f in fields if getattr(before, f) != getattr(after, f)]
-    return [f"{f}={str(v).lower() if isinstance(v, bool) else v}" for f, v in shown]
-
-
-def _kept_gating(conn: psycopg.Connection[Row], spec: ToolSpec) -> ToolSpec:
-    """``spec``, or, when the tool of its key is gated now (locked until commit) and the spec
-    would leave it ungated (no approval asked, not dangerous, read_only), the spec with the
-    tool's own gating fields kept."""
+def _kept_gating(conn: psycopg.Connection[Row], spec: ToolSpec) -> tuple[ToolSpec, list[str]]:
+    """``spec`` never less gated than the tool of its key is now (locked until commit): its
+    is_dangerous (the quorum's default) and requires_approval kept, and its egress class
+    where the spec's read_only would ungate it; with what that changed (``field=value``)."""
     now = conn.execute(
         "SELECT requires_approval, is_dangerous, egress_class FROM agents.tools_registry"
         " WHERE key = %s FOR UPDATE",
         (spec.key,),
     ).fetchone()
     if now is None:
-        return spec
-    gated_now = (
-        now["requires_approval"] or now["is_dangerous"] or now["egress_class"] != "read_only"
-    )
+        return spec, []
+    kept: list[str] = []
     egress = spec.egress_class or now["egress_class"]  # None: unchanged
-    if not gated_now or spec.requires_approval or spec.is_dangerous or egress != "read_only":
-        return spec
-    return replace(
-        spec,
-        requires_approval=now["requires_approval"],
-        is_dangerous=now["is_dangerous"],
-        egress_class=now["egress_class"] if spec.egress_class is not None else None,
-    )
+    ungated = not (spec.requires_approval or spec.is_dangerous) and egress == "read_only"
+    if now["is_dangerous"] and not spec.is_dangerous:
+        spec, kept = replace(spec, is_dangerous=True), ["is_dangerous=true"]
+    if now["requires_approval"] and not spec.requires_approval:
+        spec = replace(spec, requires_approval=True)
+        kept += ["requires_approval=true"] if ungated else []  # else gated anyway: unsaid
+    if ungated and not spec.requires_approval and now["egress_class"] != "read_only":
+        spec = replace(spec, egress_class=now["egress_class"])
+        kept.append(f"egress_class={now['egress_class']}")
+    return spec, kept
 
 
 def _insert_seen_steps(
