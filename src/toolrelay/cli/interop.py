@@ -142,7 +142,8 @@ def import_openapi(
             typer.echo(yaml.safe_dump({"tools": tools}, sort_keys=False, allow_unicode=True))
             return
         # gating the owner added by hand survives a second import (inferred gating is added)
-        rows = _registry().register_tools(plan.tools, keep_gating=True)
+        inferred = {spec.key for spec in plan.tools}
+        rows = _registry().register_tools(plan.tools, keep_gating=inferred)
     except ToolrelayError as exc:
         raise fail(exc) from None
     except psycopg.Error as exc:

@@ -350,7 +350,7 @@ class Worker:
         # A call of a tool with no room here would wait for it inside a slot: back to the
         # queue instead, where this worker's claims find it once the tool has room.
         queued = []
-        keyless = set(self._keyless())
+        keyless = set(self._keyless_tools())
         for row in rows or ():
             limit = row["max_concurrency"]
             if (limit and self.tool_busy[row["tool_id"]] >= limit) or row["tool_id"] in keyless:
@@ -385,7 +385,7 @@ class Worker:
         """--drain: done when nothing is in flight here and nothing is running anywhere."""
         if not self.settings.drain or self.inflight or claimed:
             return False
-        return not await self._db_call(self.store.busy(self._keyless()), default=True)
+        return not await self._db_call(self.store.busy(self._keyless_tools()), default=True)
 
     async def _wait(self, timeout: float) -> None:
         """Until a notification, stop(), or ``timeout``; also until a call in flight
@@ -540,9 +540,9 @@ class Worker:
     def _busy(self) -> Busy:
         """For the claim: the limited tools' calls held here, and the tools it passes over:
         those with no room, and those whose credential it cannot open."""
-        return dict(self.tool_busy), [*self._full(), *self._keyless()]
+        return dict(self.tool_busy), [*self._full(), *self._keyless_tools()]
 
-    def _keyless(self) -> list[UUID]:
+    def _keyless_tools(self) -> list[UUID]:
         """The tools passed over now for a master key this worker lacks."""
         now = time.monotonic()
         for tool in [t for t, until in self.keyless.items() if until <= now]:
@@ -554,7 +554,7 @@ class Worker:
         key rotation reaching the workers one by one): nothing was sent, so the call goes
         back to the queue, attempt uncounted, for a worker with the key; this one passes the
         tool over for PASS_OVER_S and says so once per tool and window."""
-        first = row["tool_id"] not in self._keyless()
+        first = row["tool_id"] not in self._keyless_tools()
         self.keyless[row["tool_id"]] = time.monotonic() + PASS_OVER_S
         await self._db_call(self.store.release([row["id"]]))
         if first:

@@ -239,14 +239,15 @@ class Registry:
             return row
 
     def register_tools(
-        self, specs: Sequence[ToolSpec], keep_gating: bool | Collection[str] = False
+        self, specs: Sequence[ToolSpec], keep_gating: Collection[str] = ()
     ) -> list[Row]:
         """Create or update (by key) several tools in one transaction: all or none.
 
         An error names the tool it is about; nothing is written then. ``keep_gating``
-        (True: every tool; else the keys of those whose gating the caller did not state,
-        e.g. an import infers it): a tool that is gated now is not ungated by its spec, and
-        one dangerous stays dangerous (each row's ``kept_gating`` says what was kept).
+        (the keys of the tools whose gating the caller did not state, e.g. all of an
+        import's, which infers it): such a tool that is gated now is not ungated by its
+        spec, and one dangerous stays dangerous (each row's ``kept_gating`` says what was
+        kept).
         """
         keys = [spec.key for spec in specs]
         duplicates = sorted({key for key in keys if keys.count(key) > 1})
@@ -259,10 +260,9 @@ class Registry:
             for spec in specs:
                 try:
                     with conn.transaction():  # a savepoint, so the error can name the tool
-                        keep = keep_gating is True or (
-                            not isinstance(keep_gating, bool) and spec.key in keep_gating
+                        kept, said = (
+                            _kept_gating(conn, spec) if spec.key in keep_gating else (spec, [])
                         )
-                        kept, said = _kept_gating(conn, spec) if keep else (spec, [])
                         row = self._register(conn, kept)
                         row["kept_gating"] = said  # for the caller to say (field=value)
                         rows.append(row)
