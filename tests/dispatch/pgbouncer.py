@@ -49,9 +49,8 @@ def pgbouncer(database_url: str, pool_size: int = 2) -> Iterator[str]:
         f"logfile = {scratch}/pgbouncer.log\npidfile = {scratch}/pgbouncer.pid\n"
         "ignore_startup_parameters = extra_float_digits,options\n"
     )
-    # PgBouncer refuses to run as root; -u drops to the postgres account.
     proc = subprocess.Popen(
-        [PGBOUNCER, "-u", "postgres", str(scratch / "pgbouncer.ini")],
+        [PGBOUNCER, "-u", _run_as(target.get("host")), str(scratch / "pgbouncer.ini")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -63,6 +62,17 @@ def pgbouncer(database_url: str, pool_size: int = 2) -> Iterator[str]:
         proc.terminate()
         proc.wait(timeout=START_TIMEOUT)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_as(host: str | None) -> str:
+    """The account PgBouncer drops to (it refuses to run as root).
+
+    The server's own account when it is reached by a socket directory (the embedded
+    server's is private to the account that runs it); else ``postgres``.
+    """
+    if host and host.startswith("/") and Path(host).is_dir():
+        return Path(host).owner()
+    return "postgres"
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
