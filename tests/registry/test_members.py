@@ -50,7 +50,9 @@ def team(registry: Registry, db: Database) -> Team:
 
 def _pending(team: Team) -> uuid.UUID:
     if not any(a["name"] == "bot" for a in team.owner.list_agents()):
-        agent_with_tool(team.owner, key="notes.create", **GATED)
+        # made by a member: one made with the tenant's own token names no editor, so its
+        # calls would need two approvers (migration 0040)
+        agent_with_tool(team.as_("admin"), key="notes.create", **GATED)
     return team.owner.invoke("bot", "notes.create", {"text": "hi"})
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.registry.helpers import agent_with_tool
 from toolrelay.db import Database
-from toolrelay.errors import InvalidArgument, InvalidState
+from toolrelay.errors import InvalidArgument, InvalidState, PermissionDenied
 from toolrelay.registry import Registry
 from toolrelay.registry.members import Members
 
@@ -149,3 +149,71 @@ def test_an_owner_sees_who_approved_and_how_many_are_needed(
     assert [a["member_id"] for a in row["approvals"]] == [str(ann.member_id)]
     bot = Registry(db, registry.owner, agent_id=registry.get_agent("bot")["id"])
     assert "approvals" not in bot.get_invocation(call)  # the agent's read stays lean
+
+
+# The tenant's own token is shared (any admin can make one: `token create`), so it names no
+# person: it is never one of several approvers, and an edit made with it names no editor.
+
+
+def test_the_tenant_token_and_a_member_are_not_two_approvers(
+    registry: Registry, db: Database
+) -> None:
+    alice, bob = team(registry, db, "admin", "approver")
+    agent_with_tool(registry, key="bank.pay", is_dangerous=True, **GATED)
+    call = registry.invoke("bot", "bank.pay", {"text": "100"})
+    alice.approve(call)
+    with pytest.raises(PermissionDenied, match="tenant's own token"):
+        registry.approve(call)  # Alice again, with the tenant's token
+    assert status(registry, call) == "pending"
+    bob.approve(call)
+    assert status(registry, call) == "running"
+
+
+def test_a_founder_and_their_own_sign_in_are_one_approver(
+    registry: Registry, db: Database
+) -> None:
+    """The tenant plus one member who may approve is one person: a dangerous tool needs one
+    approval there, not the tenant's and the member's (which one person would give)."""
+    (alice,) = team(registry, db, "admin")
+    agent_with_tool(registry, key="bank.pay", is_dangerous=True, **GATED)
+    call = registry.invoke("bot", "bank.pay", {"text": "1"})
+    assert registry.get_invocation(call)["approvals_needed"] == 1
+    alice.approve(call)
+    assert status(registry, call) == "running"
+    again = registry.invoke("bot", "bank.pay", {"text": "2"})
+    registry.approve(again)  # or with the tenant's token: still the one person
+    assert status(registry, again) == "running"
+
+
+def test_two_people_needed_are_never_met_by_the_tenant_token(
+    registry: Registry, db: Database
+) -> None:
+    (alice,) = team(registry, db, "admin")
+    agent_with_tool(registry, key="ship.it", approvals_required=2, **GATED)
+    call = registry.invoke("bot", "ship.it", {"text": "v3"})
+    alice.approve(call)
+    with pytest.raises(PermissionDenied, match="tenant's own token"):
+        registry.approve(call)
+    assert status(registry, call) == "pending"  # until a second member approves
+    (bob,) = team(registry, db, "approver")
+    bob.approve(call)
+    assert status(registry, call) == "running"
+
+
+def test_an_edit_made_with_the_tenant_token_names_no_editor(
+    registry: Registry, db: Database
+) -> None:
+    """Whoever edited with the shared token may be the one approving: in a team, a call to a
+    tool last changed that way needs a second member, as if its editor approved."""
+    alice, bob = team(registry, db, "admin", "approver")
+    agent_with_tool(alice, key="notes.create", **GATED)
+    first = registry.invoke("bot", "notes.create", {"text": "a"})
+    bob.approve(first)
+    assert status(registry, first) == "running"  # Alice edited: Bob alone is enough
+    registry.update_tool("notes.create", {"endpoint_url": "http://127.0.0.1:9/elsewhere"})
+    call = registry.invoke("bot", "notes.create", {"text": "b"})
+    assert registry.get_invocation(call)["approvals_needed"] == 2
+    bob.approve(call)
+    assert status(registry, call) == "pending"
+    alice.approve(call)
+    assert status(registry, call) == "running"
