@@ -169,9 +169,7 @@ def test_the_tenant_token_and_a_member_are_not_two_approvers(
     assert status(registry, call) == "running"
 
 
-def test_a_founder_and_their_own_sign_in_are_one_approver(
-    registry: Registry, db: Database
-) -> None:
+def test_a_founder_and_their_own_sign_in_are_one_approver(registry: Registry, db: Database) -> None:
     """The tenant plus one member who may approve is one person: a dangerous tool needs one
     approval there, not the tenant's and the member's (which one person would give)."""
     (alice,) = team(registry, db, "admin")
