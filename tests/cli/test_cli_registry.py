@@ -31,8 +31,8 @@ def run(*args: str) -> str:
 
 
 def test_apply_invoke_approve_show(cli_owner: str) -> None:
-    assert "applied postiz.create_post" in run("tool", "apply", str(TOOL_FILE))
-    assert "applied postiz.create_post" in run("tool", "apply", str(TOOL_FILE))  # idempotent
+    assert run("tool", "apply", str(TOOL_FILE)) == "created postiz.create_post"
+    assert run("tool", "apply", str(TOOL_FILE)) == "unchanged postiz.create_post"  # idempotent
     assert "postiz.create_post" in run("tool", "show", "postiz.create_post")
     agent_id = run("agent", "create", "social-bot")
     uuid.UUID(agent_id)
@@ -83,12 +83,12 @@ def test_apply_writes_every_tool_of_the_file_or_none(cli_owner: str, tmp_path: P
         )
         refused = runner.invoke(app, ["tool", "apply", str(changed)])
         assert refused.exit_code == 1, refused.output
-        assert said in refused.stderr and "applied" not in refused.stdout
+        assert said in refused.stderr and not refused.stdout
         listed = run("tool", "list", "--output", "jsonl")
         assert '"key":"b.two"' not in listed and '"key":"c.three"' not in listed
         assert '"name":"One"' in listed and "One v2" not in listed
     changed.write_text(changed.read_text().rsplit("  - ", 1)[0])  # the good two alone
-    assert run("tool", "apply", str(changed)) == "applied a.one\napplied b.two"
+    assert run("tool", "apply", str(changed)) == "updated a.one: name\ncreated b.two"
 
 
 def test_apply_keeps_gating_the_file_does_not_mention(cli_owner: str, tmp_path: Path) -> None:

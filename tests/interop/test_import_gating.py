@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from tests.interop.conftest import Owner
+from toolrelay.registry import ToolSpec
 
 DOC = {
     "openapi": "3.0.0",
@@ -87,3 +88,22 @@ def test_an_import_keeps_a_dangerous_tool_dangerous(owner: Owner, tmp_path: Path
     assert again.exit_code == 0, again.output
     assert _gated(owner, "d.remove") == (True, True, "write")
     assert "d.remove keeps is_dangerous=true" in again.output
+
+
+def test_an_import_says_what_it_changed_on_a_tool_of_the_same_key(
+    owner: Owner, tmp_path: Path
+) -> None:
+    """A document whose operation has the key of a tool made by hand overwrites it: the
+    import says so, naming the fields, instead of "imported" as for a new tool."""
+    owner.registry.register_tool(ToolSpec.from_mapping({
+        "key": "files.read", "name": "read", "http_method": "GET", "egress_class": "read_only",
+        "endpoint_url": "https://files.internal.example/read/{{input.path}}",
+    }))  # fmt: skip
+    path = tmp_path / "files.json"
+    path.write_text(json.dumps(DOC))
+    result = owner.cli("import", "openapi", str(path), "--prefix", "files.")
+    assert result.exit_code == 0, result.output
+    read, remove = result.stdout.splitlines()
+    assert read.startswith("updated files.read (GET https://api.example.com/files/")
+    assert "endpoint_url" in read.split(": ", 1)[1]
+    assert remove.startswith("created files.remove (DELETE https://api.example.com/files/")

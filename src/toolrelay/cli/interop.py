@@ -13,6 +13,7 @@ import yaml
 
 from toolrelay.cli.context import acting, database, err_console, fail
 from toolrelay.cli.context import registry as context_registry
+from toolrelay.cli.render import registered
 from toolrelay.credentials import CredentialStore
 from toolrelay.errors import ConfigurationError, InvalidArgument, NotFound, ToolrelayError
 from toolrelay.export.openapi import load_openapi, tools_from_openapi
@@ -113,7 +114,8 @@ def import_openapi(
         help=f"How to send the credential when the document declares no security: {AUTH_SCHEMES}.",
     ),
 ) -> None:
-    """Create or update (by key) one tool per operation, all in one transaction."""
+    """Create or update (by key) one tool per operation, all in one transaction; each line
+    says created, updated (with what changed) or unchanged."""
     try:
         credential_ref = _credential(credential)
         doc = load_openapi(file)
@@ -149,7 +151,7 @@ def import_openapi(
     except psycopg.Error as exc:
         raise fail(database_error(exc)) from None
     for row in rows:
-        typer.echo(f"imported {row['key']} ({row['http_method']} {row['endpoint_url']})")
+        typer.echo(registered(row, f"{row['key']} ({row['http_method']} {row['endpoint_url']})"))
         if row["kept_gating"]:  # gating is only ever added by an import
             kept = ", ".join(row["kept_gating"])
             _note(f"{row['key']} keeps {kept} (set on the tool; the document does not ask it)")

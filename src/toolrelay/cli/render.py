@@ -542,3 +542,10 @@ def _vertical(records: list[list[tuple[Field, Any]]], labels: list[str] | None =
         if n:
             console.print()
         console.print(grid)
+
+
+def registered(row: Mapping[str, Any], label: str) -> str:
+    """A tool file's or a document's line for one tool (``Registry.register_tools``' row):
+    ``created LABEL``, ``updated LABEL: the, changed, fields`` or ``unchanged LABEL``."""
+    changed = f": {', '.join(row['changed'])}" if row["change"] == "updated" else ""
+    return f"{row['change']} {label}{changed}"

@@ -10,7 +10,7 @@ import typer
 import yaml
 
 from toolrelay.cli.context import console, fail, registry
-from toolrelay.cli.render import TOOL, Output, detail, listing, output_option
+from toolrelay.cli.render import TOOL, Output, detail, listing, output_option, registered
 from toolrelay.errors import InvalidArgument, ToolrelayError
 from toolrelay.registry import ToolSpec
 
@@ -141,7 +141,7 @@ def apply(path: Path) -> None:
     except ToolrelayError as exc:
         raise fail(exc) from None
     for spec, row in zip(specs, rows, strict=True):
-        console.print(f"applied {spec.key}", markup=False)
+        console.print(registered(row, spec.key), markup=False)
         if row["kept_gating"]:
             kept = ", ".join(row["kept_gating"])
             console.print(f"{spec.key} keeps {kept} (set on the tool; the file does not say)",

@@ -243,7 +243,9 @@ class Registry:
     ) -> list[Row]:
         """Create or update (by key) several tools in one transaction: all or none.
 
-        An error names the tool it is about; nothing is written then. ``keep_gating``
+        Each row says what happened to it: ``change`` is ``created``, ``updated`` or
+        ``unchanged`` (nothing written, migration 0041), ``changed`` the columns that
+        differ. An error names the tool it is about; nothing is written then. ``keep_gating``
         (the keys of the tools whose gating the caller did not state, e.g. all of an
         import's, which infers it): such a tool that is gated now is not ungated by its
         spec, and one dangerous stays dangerous (each row's ``kept_gating`` says what was
@@ -260,10 +262,12 @@ class Registry:
             for spec in specs:
                 try:
                     with conn.transaction():  # a savepoint, so the error can name the tool
+                        before = conn.execute(_TOOL_BY_KEY_LOCKED, (spec.key,)).fetchone()
                         kept, said = (
-                            _kept_gating(conn, spec) if spec.key in keep_gating else (spec, [])
+                            _kept_gating(before, spec) if spec.key in keep_gating else (spec, [])
                         )
                         row = self._register(conn, kept)
+                        row["change"], row["changed"] = _change(before, row)
                         row["kept_gating"] = said  # for the caller to say (field=value)
                         rows.append(row)
                 except psycopg.Error as exc:
@@ -306,6 +310,10 @@ class Registry:
             f"UPDATE agents.tools_registry SET {assignments} WHERE id = %(id)s RETURNING *",
             params,
         ).fetchone()
+        if row is None:  # changed nothing, so not written (migration 0041); or no such tool
+            row = conn.execute(
+                "SELECT * FROM agents.tools_registry WHERE id = %s", (tool_id,)
+            ).fetchone()
         if row is None:
             raise NotFound(f"tool {tool_id} not found")
         return row
@@ -764,15 +772,24 @@ def _checked(schema: Any, payload: dict[str, Any], agent: bool) -> dict[str, Any
     return payload
 
 
-def _kept_gating(conn: psycopg.Connection[Row], spec: ToolSpec) -> tuple[ToolSpec, list[str]]:
-    """``spec`` never less gated than the tool of its key is now (locked until commit): its
-    is_dangerous (the quorum's default) and requires_approval kept, and its egress class
-    where the spec's read_only would ungate it; with what that changed (``field=value``)."""
-    now = conn.execute(
-        "SELECT requires_approval, is_dangerous, egress_class FROM agents.tools_registry"
-        " WHERE key = %s FOR UPDATE",
-        (spec.key,),
-    ).fetchone()
+# The tool a spec updates, as it is before (locked until commit); None for a new key.
+_TOOL_BY_KEY_LOCKED = "SELECT * FROM agents.tools_registry WHERE key = %s FOR UPDATE"
+# Not a change of the tool's configuration: when, and what register_tools adds itself.
+_NOT_CHANGES = frozenset({"updated_at", "created_at", "kept_gating", "change", "changed"})
+
+
+def _change(before: Row | None, after: Row) -> tuple[str, list[str]]:
+    """What registering did to a tool: created, updated (with the columns) or unchanged."""
+    if before is None:
+        return "created", []
+    changed = sorted(k for k in after if k not in _NOT_CHANGES and before.get(k) != after[k])
+    return ("updated" if changed else "unchanged"), changed
+
+
+def _kept_gating(now: Row | None, spec: ToolSpec) -> tuple[ToolSpec, list[str]]:
+    """``spec`` never less gated than the tool of its key is ``now``: its is_dangerous (the
+    quorum's default) and requires_approval kept, and its egress class where the spec's
+    read_only would ungate it; with what that changed (``field=value``)."""
     if now is None:
         return spec, []
     kept: list[str] = []
