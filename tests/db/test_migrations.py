@@ -121,3 +121,25 @@ def test_invocation_ids_are_time_ordered_version_7(database_url: str) -> None:
         assert abs(int.from_bytes(ident.bytes[:6], "big") - at.timestamp() * 1000) < 5
     assert [i.bytes[:6] for i in ids] == sorted(i.bytes[:6] for i in ids)
     assert default is not None and "uuid_v7" in default[0]
+
+
+def test_a_process_older_than_the_schema_says_so(
+    empty_db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rolling upgrade's old processes (or a laptop's old CLI) meet migrations they do not
+    know: each says so when it starts (serve, worker and the CLI migrate first), naming them,
+    instead of misbehaving quietly against functions that changed under it."""
+    migrate(empty_db)
+    with caplog.at_level("WARNING", logger="toolrelay.db"):
+        migrate(empty_db)
+    assert not caplog.records  # the same version: nothing to say
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO public.toolrelay_migrations (version, name)"
+                     " VALUES ('9001', 'from_the_future')")  # fmt: skip
+    with caplog.at_level("WARNING", logger="toolrelay.db"):
+        assert migrate(empty_db) == []
+    (record,) = caplog.records
+    assert record.levelname == "WARNING"
+    assert getattr(record, "action", None) == "schema_newer"
+    assert "9001_from_the_future" in record.getMessage()
+    assert "upgrade" in record.getMessage()

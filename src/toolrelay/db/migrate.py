@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
+
+log = logging.getLogger("toolrelay.db")
 
 MIGRATIONS_PACKAGE = "toolrelay.db.migrations"
 # Any constant works; it only has to be the same for every migrating process.
@@ -88,6 +91,23 @@ def applied_migrations(conn: psycopg.Connection[tuple[object, ...]]) -> set[str]
     return {str(row[0]) for row in rows}
 
 
+def _say_if_older(conn: psycopg.Connection[tuple[object, ...]], known: set[str]) -> None:
+    """Warn when the database has migrations this code does not know: this process is
+    older than the schema (a rolling upgrade's old half, an old CLI), and the functions it
+    calls may have changed under it."""
+    rows = conn.execute(
+        "SELECT version, name FROM public.toolrelay_migrations ORDER BY version"
+    ).fetchall()
+    unknown = [f"{version}_{name}" for version, name in rows if str(version) not in known]
+    if unknown:
+        log.warning(
+            "the database has migrations this toolrelay does not know (%s): this process"
+            " is older than the schema; upgrade it (and stop old workers once new ones run)",
+            ", ".join(unknown),
+            extra={"action": "schema_newer", "unknown_migrations": unknown},
+        )
+
+
 def migrate(url: str, target: str | None = None) -> list[str]:
     """Apply pending migrations up to ``target`` (inclusive), then ``CLOSE_TO_ANON``;
     return the versions applied."""
@@ -96,7 +116,9 @@ def migrate(url: str, target: str | None = None) -> list[str]:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
         try:
             done = applied_migrations(conn)
-            for migration in available_migrations():
+            available = available_migrations()
+            _say_if_older(conn, {m.version for m in available})
+            for migration in available:
                 if target is not None and migration.version > target:
                     break
                 if migration.version in done:
