@@ -242,5 +242,26 @@ def test_a_quorum_in_progress_shows_on_the_card(
         assert "1 of 2 approvals" in card and f'/approvals/{call}/approve"' in card
 
 
+def test_the_tenant_token_is_told_to_approve_as_a_member_in_a_team(
+    api: str, make_owner: Callable[[], Client], db: Database
+) -> None:
+    """In a team the tenant's own token approves nothing (migration 0040): its card says
+    why and offers no Approve button (it may still reject); a member's card has one."""
+    owner = make_owner()
+    registry = Registry(db, owner.owner)
+    agent_with_tool(registry, key="notes.create", **GATED)
+    ann, _bob = (Members(db).invite(owner.owner, name, "approver")[1] for name in ("Ann", "Bob"))
+    [call] = [registry.invoke("bot", "notes.create", {"text": "hi"})]
+    with signed_in(api, owner.token) as http:
+        card = http.get("/approvals").text.split(f'data-invocation="{call}"', 1)[1]
+        card = card.split("</article>", 1)[0]
+        assert f'/approvals/{call}/approve"' not in card and 'name="pick"' not in card
+        assert 'data-part="approve-as-member"' in card and "toolrelay login" in card
+        assert f'/approvals/{call}/reject"' in card
+    with signed_in(api, ann) as http:
+        card = http.get("/approvals").text.split(f'data-invocation="{call}"', 1)[1]
+        assert f'/approvals/{call}/approve"' in card.split("</article>", 1)[0]
+
+
 def _member(db: Database, owner: uuid.UUID, name: str) -> uuid.UUID:
     return next(m.id for m in Members(db).list(owner) if m.name == name)

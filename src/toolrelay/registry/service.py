@@ -68,7 +68,11 @@ SELECT i.id, i.input, i.reason, i.created_at, i.approval_expires_at, i.agent_id,
        CASE WHEN t.id IS NOT NULL THEN agents.approvals_needed(t) END AS approvals_needed,
        EXISTS (SELECT 1 FROM agents.invocation_approvals p WHERE p.invocation_id = i.id
                   AND p.member_id = coalesce(agents.caller_member_id(), auth.uid()))
-           AS approved_by_me
+           AS approved_by_me,
+       -- the tenant's own token, where it approves nothing (migration 0040)
+       agents.caller_member_id() IS NULL AND t.id IS NOT NULL
+           AND (agents.approver_count(i.owner) >= 2 OR agents.approvals_needed(t) >= 2)
+           AS approve_as_member
   FROM agents.tool_invocations i
   LEFT JOIN agents.tools_registry t ON t.id = i.tool_id
   LEFT JOIN agents.agents a ON a.id = i.agent_id
