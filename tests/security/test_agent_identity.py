@@ -220,6 +220,7 @@ def _owner_only_calls(office: Office) -> dict[str, tuple[str, tuple[Any, ...]]]:
         "fn_set_member_role": ("SELECT fn_set_member_role(%s, 'admin')", (office.registry.owner,)),
         "fn_set_member_email": ("SELECT fn_set_member_email(%s, 'x@example.test')", (office.registry.owner,)),
         "fn_remove_member": ("SELECT fn_remove_member(%s)", (office.registry.owner,)),
+        "fn_confirm_policy": ("SELECT fn_confirm_policy(gen_random_uuid())", ()),
         "fn_connect_begin": (
             "SELECT fn_connect_begin(gen_random_uuid(), NULL, 'x', 'github', NULL, '{}',"
             " '{}', '{}', 'app', NULL, NULL, NULL, NULL, 60)", ()),

@@ -40,6 +40,10 @@ class PolicyOut(BaseModel):
     action: Literal["approve", "reject"]
     input_schema: dict[str, Any]
     created_at: datetime
+    current: bool = Field(
+        description="False once the tool's request changed since the rule was added or"
+        " confirmed: an approval rule then decides nothing until an admin confirms it."
+    )
 
 
 class PolicyList(BaseModel):
@@ -72,6 +76,17 @@ def list_policies(context: Ctx, caller: Owner, tool: str | None = Query(None)) -
 def add_policy(body: PolicyIn, context: Ctx, caller: Owner) -> PolicyOut:
     policies = Policies(context.db)
     return _out(policies.add(caller, body.tool, body.name, body.action, body.input_schema))
+
+
+@router.post(
+    "/policies/{policy_id}/confirm",
+    operation_id="confirmPolicy",
+    responses=error_responses(*SPLIT, 404, 422),
+    tags=["policies"],
+    summary="Bind a rule to its tool as it is now (an admin)",
+)
+def confirm_policy(policy_id: UUID, context: Ctx, caller: Owner) -> PolicyOut:
+    return _out(Policies(context.db).confirm(caller, policy_id))
 
 
 @router.delete(

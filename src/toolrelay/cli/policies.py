@@ -64,7 +64,22 @@ def list_(
     except ToolrelayError as exc:
         raise fail(exc) from None
     listing(POLICY, [asdict(p) for p in found],
-            ["id", "tool_key:tool", "name", "action", "created_at:added"], output)  # fmt: skip
+            ["id", "tool_key:tool", "name", "action", "current", "created_at:added"],
+            output)  # fmt: skip
+
+
+@policy_app.command()
+def confirm(
+    policy: UUID = typer.Argument(..., help="The rule's id."),
+    output: Output = output_option(),
+) -> None:
+    """Bind a rule to its tool as it is now (an admin). An approval rule stops deciding when
+    its tool's request changes (endpoint, method, template, credential...) until confirmed."""
+    try:
+        confirmed = Policies(database()).confirm(acting(), policy)
+    except ToolrelayError as exc:
+        raise fail(exc) from None
+    detail(POLICY, asdict(confirmed), output)
 
 
 @policy_app.command()

@@ -205,6 +205,7 @@ POLICY = shape(
     action string
     input_schema object
     created_at time
+    current boolean
     """,
 )
 

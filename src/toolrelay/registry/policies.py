@@ -32,13 +32,17 @@ __all__ = ["ACTIONS", "Policies", "Policy", "apply_policies", "strict_approval"]
 
 ACTIONS: Final = ("approve", "reject")
 _COLUMNS: Final = (
-    "p.id, p.tool_id, t.key AS tool_key, p.name, p.action, p.input_schema, p.created_at"
+    "p.id, p.tool_id, t.key AS tool_key, p.name, p.action, p.input_schema, p.created_at,"
+    " p.tool_fingerprint IS NOT DISTINCT FROM agents.tool_fingerprint(t) AS current"
 )
 _PENDING: Final = """
 SELECT i.id, i.input, i.status, t.key AS tool_key, t.endpoint_url, t.http_method,
        t.request_template, t.auth_placement, t.auth_param_name, t.idempotency_header,
        coalesce((SELECT jsonb_agg(jsonb_build_object('id', p.id, 'action', p.action,
-                                                     'schema', p.input_schema)
+                                                     'schema', p.input_schema,
+                                                     'current', p.tool_fingerprint
+                                                         IS NOT DISTINCT FROM
+                                                         agents.tool_fingerprint(t))
                                   ORDER BY p.action DESC, p.created_at, p.id)
                    FROM agents.tool_policies p WHERE p.tool_id = i.tool_id
                     AND p.owner = i.owner), '[]') AS policies
@@ -57,6 +61,9 @@ class Policy:
     action: str
     input_schema: dict[str, Any]
     created_at: datetime
+    # Bound to the tool as it is (migration 0042): False once the tool's request changed
+    # since the rule was added or confirmed; an approval rule then decides nothing.
+    current: bool
 
 
 class Policies:
@@ -98,6 +105,12 @@ class Policies:
                 {"tool": tool},
             ).fetchall()
         return [Policy(**row) for row in rows]
+
+    def confirm(self, who: Acting, policy_id: UUID) -> Policy:
+        """Bind a rule to its tool as it is now (an admin, having looked at its request)."""
+        with self._as(who) as conn:
+            conn.execute("SELECT fn_confirm_policy(%s)", (policy_id,))
+            return self._one(conn, policy_id)
 
     def remove(self, who: Acting, policy_id: UUID) -> None:
         with self._as(who) as conn:
@@ -177,6 +190,8 @@ def apply_policies(db: Database, invocation_id: UUID) -> str | None:
             if row is None or not row["policies"]:
                 return None
             for policy in row["policies"]:
+                if policy["action"] == "approve" and not policy["current"]:
+                    continue  # the tool's request changed since it was reviewed (0042)
                 schema = policy["schema"]
                 if policy["action"] == "approve":  # an agent must not meet it by omission
                     schema = strict_approval(schema)
