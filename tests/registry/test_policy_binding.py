@@ -88,3 +88,26 @@ def test_only_an_admin_confirms_a_rule(registry: Registry, db: Database, bot: Re
     with pytest.raises(PermissionDenied):
         Policies(db).confirm(Caller(owner=registry.owner, member_id=approver), rule.id)
     assert not Policies(db).list(registry.owner)[0].current
+
+
+def test_a_migration_that_changes_every_fingerprint_carries_current_rules_over(
+    registry: Registry, db: Database, bot: Registry, database_url: str
+) -> None:
+    """A migration adding a column to tools_registry changes every tool's fingerprint and no
+    request: the rules that were current stay current (migrate's refresh carries them), a
+    stale one stays stale."""
+    policies = Policies(db)
+    current = policies.add(registry.owner, "pay.send", "small payments", "approve", SMALL)
+    stale = policies.add(registry.owner, "pay.send", "reviewed long ago", "approve", SMALL)
+    tool_id = registry.get_tool("pay.send")["id"]
+    with psycopg.connect(database_url, autocommit=True) as admin:  # as the formula changed
+        admin.execute("UPDATE agents.tool_fingerprints SET fingerprint = 'before' WHERE tool_id = %s",
+                      (tool_id,))  # fmt: skip
+        admin.execute("UPDATE agents.tool_policies SET tool_fingerprint = 'before' WHERE id = %s",
+                      (current.id,))  # fmt: skip
+        admin.execute("UPDATE agents.tool_policies SET tool_fingerprint = 'older' WHERE id = %s",
+                      (stale.id,))  # fmt: skip
+        admin.execute("SELECT agents.refresh_tool_fingerprints()")
+    kept = {p.name: p.current for p in policies.list(registry.owner)}
+    assert kept == {"small payments": True, "reviewed long ago": False}
+    assert status(registry, bot) == "running"

@@ -31,6 +31,28 @@ REVOKE EXECUTE ON FUNCTION agents.tg_tool_policies_bind() FROM PUBLIC;
 CREATE TRIGGER tool_policies_bind BEFORE INSERT ON agents.tool_policies
     FOR EACH ROW EXECUTE FUNCTION agents.tg_tool_policies_bind();
 
+-- A migration that changes the formula (a column added to tools_registry) changes every
+-- tool's fingerprint without changing any request: every migrate run ends here
+-- (db/migrate.py), and a rule bound to its tool's kept value (current until the run)
+-- follows the tool's new value. Between runs the trigger keeps the kept value equal to
+-- the formula, so this moves nothing; a rule already stale stays stale.
+CREATE OR REPLACE FUNCTION agents.refresh_tool_fingerprints() RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog
+AS $$
+DECLARE
+    v_changed integer;
+BEGIN
+    UPDATE agents.tool_policies p SET tool_fingerprint = agents.tool_fingerprint(t)
+      FROM agents.tools_registry t JOIN agents.tool_fingerprints f ON f.tool_id = t.id
+     WHERE p.tool_id = t.id AND p.tool_fingerprint = f.fingerprint
+       AND f.fingerprint IS DISTINCT FROM agents.tool_fingerprint(t);
+    SELECT count(*) FILTER (WHERE agents.keep_tool_fingerprint(t))::integer INTO v_changed
+      FROM agents.tools_registry t;
+    RETURN v_changed;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION agents.refresh_tool_fingerprints() FROM PUBLIC;
+
 -- An admin confirms a rule for the tool as it is now (after reviewing its request).
 CREATE FUNCTION public.fn_confirm_policy(p_policy_id uuid) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog
