@@ -111,3 +111,49 @@ def test_a_migration_that_changes_every_fingerprint_carries_current_rules_over(
     kept = {p.name: p.current for p in policies.list(registry.owner)}
     assert kept == {"small payments": True, "reviewed long ago": False}
     assert status(registry, bot) == "running"
+
+
+# Separation of duties for rules (migration 0043): a rule approves calls, so the tool's last
+# editor does not add or confirm its approval rules where another admin could.
+
+
+def test_the_tools_last_editor_does_not_write_its_approval_rules(
+    registry: Registry, db: Database
+) -> None:
+    members = Members(db)
+    alice, bob = (members.add(registry.owner, name, "admin").id for name in ("alice", "bob"))
+    as_alice, as_bob = (Caller(owner=registry.owner, member_id=m) for m in (alice, bob))
+    agent_with_tool(Registry(db, registry.owner, member_id=alice), key="pay.send", **GATED)
+    policies = Policies(db)
+    with pytest.raises(PermissionDenied, match="you changed this tool last"):
+        policies.add(as_alice, "pay.send", "small payments", "approve", SMALL)
+    with pytest.raises(PermissionDenied, match="tenant's own token"):
+        policies.add(registry.owner, "pay.send", "small payments", "approve", SMALL)
+    policies.add(
+        as_alice, "pay.send", "no ceo", "reject", {"properties": {"channel": {"const": "ceo"}}}
+    )
+    rule = policies.add(as_bob, "pay.send", "small payments", "approve", SMALL)
+    Registry(db, registry.owner, member_id=alice).update_tool(
+        "pay.send", {"endpoint_url": "https://elsewhere.example.com/send"}
+    )
+    with pytest.raises(PermissionDenied, match="you changed this tool last"):
+        policies.confirm(as_alice, rule.id)
+    assert policies.confirm(as_bob, rule.id).current
+
+
+def test_a_tool_changed_with_the_tenant_token_takes_a_named_admin_for_its_rules(
+    registry: Registry, db: Database
+) -> None:
+    members = Members(db)
+    alice, _bob = (members.add(registry.owner, name, "admin").id for name in ("alice", "bob"))
+    agent_with_tool(registry, key="pay.send", **GATED)  # made with the tenant's own token
+    with pytest.raises(PermissionDenied, match="may have changed this tool"):
+        Policies(db).add(Caller(owner=registry.owner, member_id=alice), "pay.send", "s",
+                         "approve", SMALL)  # fmt: skip
+
+
+def test_a_sole_admin_still_writes_rules(registry: Registry, db: Database, bot: Registry) -> None:
+    """Nobody else could: a tenant alone, or with approvers only, works as before."""
+    Members(db).add(registry.owner, "ann", "approver")
+    rule = Policies(db).add(registry.owner, "pay.send", "small payments", "approve", SMALL)
+    assert rule.current and status(registry, bot) == "running"
