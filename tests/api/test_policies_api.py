@@ -91,3 +91,36 @@ def test_the_policy_cli(cli_owner: uuid.UUID, db: Database) -> None:
     assert [p["id"] for p in listed] == [rule["id"]]
     gone = runner.invoke(cli, ["policy", "remove", rule["id"]])
     assert gone.stdout.strip() == f"removed policy {rule['id']}"
+
+
+def test_a_stale_rule_is_shown_and_confirmed_by_the_cli(cli_owner: uuid.UUID, db: Database) -> None:
+    registry = Registry(db, cli_owner)
+    gated = {"key": "pay.send", "name": "pay", "endpoint_url": "https://api.example.com/pay",
+             "http_method": "POST", "egress_class": "write"}  # fmt: skip
+    registry.register_tool(ToolSpec.from_mapping(gated))
+    made = runner.invoke(cli, ["policy", "add", "pay.send", "small", "-o", "json",
+                               "--approve-if", json.dumps(SMALL)])  # fmt: skip
+    assert made.exit_code == 0, made.output
+    rule = json.loads(made.stdout)
+    assert rule["current"] is True
+    registry.update_tool("pay.send", {"endpoint_url": "https://elsewhere.example.com/pay"})
+    listed = json.loads(runner.invoke(cli, ["policy", "list", "-o", "json"]).stdout)["items"]
+    assert [p["current"] for p in listed] == [False]
+    confirmed = runner.invoke(cli, ["policy", "confirm", rule["id"], "-o", "json"])
+    assert confirmed.exit_code == 0, confirmed.output
+    assert json.loads(confirmed.stdout)["current"] is True
+
+
+def test_a_stale_rule_is_confirmed_through_the_api(make_owner: Callable[[], Client]) -> None:
+    tenant = make_owner()
+    gated_tool(tenant)
+    rule = tenant.post(
+        "/v1/policies",
+        json={"tool": "pay.send", "name": "small", "action": "approve", "input_schema": SMALL},
+    ).json()
+    moved = tenant.patch("/v1/tools/pay.send", json={"endpoint_url": "http://127.0.0.1:9/other"})
+    assert moved.status_code == 200, moved.text
+    assert [p["current"] for p in tenant.get("/v1/policies").json()["items"]] == [False]
+    confirmed = tenant.post(f"/v1/policies/{rule['id']}/confirm")
+    assert confirmed.status_code == 200 and confirmed.json()["current"] is True
+    assert error_of(tenant.post(f"/v1/policies/{uuid.uuid4()}/confirm")) == (404, "not_found")
