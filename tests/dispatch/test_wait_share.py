@@ -52,10 +52,16 @@ async def test_an_agents_waits_beyond_its_share_answer_at_once() -> None:
     for task in held[:2]:  # once they end, the agent may wait again
         task.cancel()
     await asyncio.gather(*held[:2], return_exceptions=True)
-    again = waiting("a")
-    assert await reads.get() == "a"  # read once: the third of that agent's, discarded
-    assert await reads.get() == "a"
-    assert not again.done()
-    again.cancel()
+    assert await reads.get() == "a"  # the third's read, discarded
+    call, rows = uuid.uuid4(), iter([RUNNING, {"status": "completed"}])
+
+    async def read_again() -> dict[str, Any]:
+        reads.put_nowait("again")
+        return next(rows)
+
+    again = asyncio.ensure_future(outcomes.wait_for(call, read_again, _settled, 60.0, agent="a"))
+    assert await reads.get() == "again"  # read once, running: it waits for the outcome
+    outcomes.wake([str(call)])  # one over the share would have answered "running" already
+    assert await asyncio.wait_for(again, 5.0) == {"status": "completed"}
     held[2].cancel()
-    await asyncio.gather(again, held[2], return_exceptions=True)
+    await asyncio.gather(held[2], return_exceptions=True)

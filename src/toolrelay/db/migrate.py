@@ -91,14 +91,20 @@ def applied_migrations(conn: psycopg.Connection[tuple[object, ...]]) -> set[str]
     return {str(row[0]) for row in rows}
 
 
-def _say_if_older(conn: psycopg.Connection[tuple[object, ...]], known: set[str]) -> None:
+def _say_if_older(
+    conn: psycopg.Connection[tuple[object, ...]], done: set[str], known: set[str]
+) -> None:
     """Warn when the database has migrations this code does not know: this process is
     older than the schema (a rolling upgrade's old half, an old CLI), and the functions it
     calls may have changed under it."""
+    if done <= known:
+        return
     rows = conn.execute(
-        "SELECT version, name FROM public.toolrelay_migrations ORDER BY version"
+        "SELECT version, name FROM public.toolrelay_migrations"
+        " WHERE version <> ALL(%s) ORDER BY version",
+        (sorted(known),),
     ).fetchall()
-    unknown = [f"{version}_{name}" for version, name in rows if str(version) not in known]
+    unknown = [f"{version}_{name}" for version, name in rows]
     if unknown:
         log.warning(
             "the database has migrations this toolrelay does not know (%s): this process"
@@ -117,7 +123,7 @@ def migrate(url: str, target: str | None = None) -> list[str]:
         try:
             done = applied_migrations(conn)
             available = available_migrations()
-            _say_if_older(conn, {m.version for m in available})
+            _say_if_older(conn, done, {m.version for m in available})
             for migration in available:
                 if target is not None and migration.version > target:
                     break

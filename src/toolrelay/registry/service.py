@@ -52,7 +52,13 @@ _INVOCATIONS = (
 )
 
 # Pending invocations with what a reviewer needs to see the exact request approval sends.
+# Outside the LIMIT so that approvals_needed (which reads the audit log) runs once a row.
 _REVIEW_QUEUE = """
+SELECT q.*,
+       -- the tenant's own token, where it approves nothing (migration 0040)
+       agents.caller_member_id() IS NULL AND q.approvals_needed IS NOT NULL
+           AND agents.approvers_told_apart(auth.uid(), q.approvals_needed) AS approve_as_member
+  FROM (
 SELECT i.id, i.input, i.reason, i.created_at, i.approval_expires_at, i.agent_id,
        coalesce(a.name, i.deleted_agent_name) AS agent_name,
        i.tool_id, coalesce(t.key, i.deleted_tool_key) AS tool_key, t.name AS tool_name,
@@ -68,11 +74,7 @@ SELECT i.id, i.input, i.reason, i.created_at, i.approval_expires_at, i.agent_id,
        CASE WHEN t.id IS NOT NULL THEN agents.approvals_needed(t) END AS approvals_needed,
        EXISTS (SELECT 1 FROM agents.invocation_approvals p WHERE p.invocation_id = i.id
                   AND p.member_id = coalesce(agents.caller_member_id(), auth.uid()))
-           AS approved_by_me,
-       -- the tenant's own token, where it approves nothing (migration 0040)
-       agents.caller_member_id() IS NULL AND t.id IS NOT NULL
-           AND (agents.approver_count(i.owner) >= 2 OR agents.approvals_needed(t) >= 2)
-           AS approve_as_member
+           AS approved_by_me
   FROM agents.tool_invocations i
   LEFT JOIN agents.tools_registry t ON t.id = i.tool_id
   LEFT JOIN agents.agents a ON a.id = i.agent_id
@@ -81,6 +83,8 @@ SELECT i.id, i.input, i.reason, i.created_at, i.approval_expires_at, i.agent_id,
    AND (%(id)s::uuid IS NULL OR i.id = %(id)s)
  ORDER BY i.created_at, i.id
  LIMIT %(limit)s
+) q
+ ORDER BY q.created_at, q.id
 """
 
 # What approving an invocation binds to: the columns build_request renders from.
@@ -232,15 +236,8 @@ class Registry:
     def register_tool(self, spec: ToolSpec) -> Row:
         """Create or update (by key) a tool; validated as stored, or nothing is written."""
         check_fields(f"tool {spec.key}", spec.as_dict())
-        params = {k: _adapt(k, v) for k, v in spec.as_dict().items()}
         with self._tx() as conn:
-            row = conn.execute(REGISTER_SQL, params).fetchone()
-            assert row is not None
-            extras = {c: getattr(spec, c) for c in EXTRA_COLUMNS if getattr(spec, c) is not None}
-            if extras:
-                row = self._update_columns(conn, row["id"], extras)
-            check_tool(row)
-            return row
+            return self._register(conn, spec)
 
     def register_tools(
         self, specs: Sequence[ToolSpec], keep_gating: Collection[str] = ()

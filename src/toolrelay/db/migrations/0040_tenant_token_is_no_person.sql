@@ -31,6 +31,15 @@ BEGIN
     RETURN v_needed;
 END
 $$;
+-- Whether a call needing p_needed approvals in this tenant must tell its approvers apart, so
+-- that the tenant's own token approves nothing (2. above). The approvals page asks it too.
+CREATE FUNCTION agents.approvers_told_apart(p_owner uuid, p_needed integer) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog
+AS $$
+    SELECT p_needed >= 2 OR agents.approver_count(p_owner) >= 2
+$$;
+GRANT EXECUTE ON FUNCTION agents.approvers_told_apart(uuid, integer) TO authenticated, service_role;
+
 -- approvals_needed runs as its caller (an owner's read of a pending call): the audit log's
 -- row-level security shows it only its own tenant's editors.
 GRANT EXECUTE ON FUNCTION agents.tool_last_editor(uuid) TO authenticated, service_role;
@@ -62,7 +71,7 @@ BEGIN
         v_needed := agents.approvals_needed(v_tool);
         v_editor := agents.tool_last_editor(v_tool.id);
     END IF;
-    IF v_me = v_owner AND (v_needed >= 2 OR agents.approver_count(v_owner) >= 2) THEN
+    IF v_me = v_owner AND agents.approvers_told_apart(v_owner, v_needed) THEN
         RAISE EXCEPTION 'invocation %: the tenant''s own token cannot approve here: it is shared,'
             ' so it names no person, and this call needs its approvers to be told apart; approve'
             ' as a member (toolrelay login, or a member''s token)', p_invocation_id
