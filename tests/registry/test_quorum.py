@@ -88,12 +88,48 @@ def test_the_last_editor_of_a_tool_is_not_enough_alone(registry: Registry, db: D
     # once Bob edits it, he is the one who needs another approver
     bob_admin = Members(db)
     bob_admin.set_role(registry.owner, bob.member_id, "admin")
-    bob.update_tool("notes.create", {"description": "edited by Bob"})
+    bob.update_tool("notes.create", {"timeout_seconds": 20})
     third = registry.invoke("bot", "notes.create", {"text": "third"})
     bob.approve(third)
     assert status(registry, third) == "pending"
     alice.approve(third)
     assert status(registry, third) == "running"
+
+
+@pytest.mark.parametrize(
+    "tidy",
+    [{"description": "typo fixed"}, {"name": "Create a note"}, {"category": "notes"},
+     {"status": "disabled"}],
+    ids=lambda change: next(iter(change)),
+)  # fmt: skip
+def test_a_label_edit_does_not_pass_the_tool_to_a_new_editor(
+    registry: Registry, db: Database, tidy: dict[str, str]
+) -> None:
+    """Alice points the tool elsewhere; Bob then only tidies its labels (or switches it off
+    and on). Alice is still who shaped the request, so her approval alone is not enough."""
+    alice, bob = team(registry, db, "admin", "admin")
+    agent_with_tool(bob, key="notes.create", **GATED)
+    alice.update_tool("notes.create", {"endpoint_url": "http://127.0.0.1:9/alice"})
+    bob.update_tool("notes.create", tidy)
+    if "status" in tidy:
+        bob.update_tool("notes.create", {"status": "active"})
+    call = registry.invoke("bot", "notes.create", {"text": "hi"})
+    alice.approve(call)
+    assert status(registry, call) == "pending"  # for someone who did not shape it
+    bob.approve(call)
+    assert status(registry, call) == "running"
+
+
+def test_a_gating_edit_makes_its_author_the_editor(registry: Registry, db: Database) -> None:
+    """Lowering a tool's quorum is an edit like any other: its author needs someone else."""
+    alice, bob = team(registry, db, "admin", "admin")
+    agent_with_tool(bob, key="bank.pay", approvals_required=2, **GATED)
+    alice.update_tool("bank.pay", {"approvals_required": 1})
+    call = registry.invoke("bot", "bank.pay", {"text": "100"})
+    alice.approve(call)
+    assert status(registry, call) == "pending"
+    bob.approve(call)
+    assert status(registry, call) == "running"
 
 
 def test_approvals_of_different_requests_do_not_add_up(registry: Registry, db: Database) -> None:
