@@ -120,7 +120,9 @@ def test_a_stale_rule_is_confirmed_through_the_api(make_owner: Callable[[], Clie
     ).json()
     moved = tenant.patch("/v1/tools/pay.send", json={"endpoint_url": "http://127.0.0.1:9/other"})
     assert moved.status_code == 200, moved.text
-    assert [p["current"] for p in tenant.get("/v1/policies").json()["items"]] == [False]
+    (stale,) = tenant.get("/v1/policies").json()["items"]
+    assert (stale["current"], stale["in_force"], stale["confirmations"]) == (False, False, 0)
     confirmed = tenant.post(f"/v1/policies/{rule['id']}/confirm")
     assert confirmed.status_code == 200 and confirmed.json()["current"] is True
+    assert (confirmed.json()["in_force"], confirmed.json()["confirmations_needed"]) == (True, 1)
     assert error_of(tenant.post(f"/v1/policies/{uuid.uuid4()}/confirm")) == (404, "not_found")

@@ -107,9 +107,13 @@ def test_a_migration_that_changes_every_fingerprint_carries_current_rules_over(
                       (current.id,))  # fmt: skip
         admin.execute("UPDATE agents.tool_policies SET tool_fingerprint = 'older' WHERE id = %s",
                       (stale.id,))  # fmt: skip
+        admin.execute("UPDATE agents.policy_confirmations SET tool_fingerprint = 'before'"
+                      " WHERE policy_id = %s", (current.id,))  # fmt: skip
+        admin.execute("UPDATE agents.policy_confirmations SET tool_fingerprint = 'older'"
+                      " WHERE policy_id = %s", (stale.id,))  # fmt: skip
         admin.execute("SELECT agents.refresh_tool_fingerprints()")
-    kept = {p.name: p.current for p in policies.list(registry.owner)}
-    assert kept == {"small payments": True, "reviewed long ago": False}
+    kept = {p.name: (p.current, p.in_force) for p in policies.list(registry.owner)}
+    assert kept == {"small payments": (True, True), "reviewed long ago": (False, False)}
     assert status(registry, bot) == "running"
 
 

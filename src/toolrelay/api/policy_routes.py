@@ -44,6 +44,18 @@ class PolicyOut(BaseModel):
         description="False once the tool's request changed since the rule was added or"
         " confirmed: an approval rule then decides nothing until an admin confirms it."
     )
+    confirmations: int = Field(
+        description="Admins who confirmed the rule for the tool as it is (adding it is one)."
+    )
+    confirmations_needed: int = Field(
+        description="How many a call to the tool needs approvers: an approval rule takes as"
+        " many admins' confirmations."
+    )
+    in_force: bool = Field(
+        description="Whether the rule decides calls now: a rejection rule always; an approval"
+        " rule when current, confirmed by enough admins, and (in a team) not only by the"
+        " tool's last editor."
+    )
 
 
 class PolicyList(BaseModel):

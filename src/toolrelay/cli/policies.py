@@ -64,7 +64,8 @@ def list_(
     except ToolrelayError as exc:
         raise fail(exc) from None
     listing(POLICY, [asdict(p) for p in found],
-            ["id", "tool_key:tool", "name", "action", "current", "created_at:added"],
+            ["id", "tool_key:tool", "name", "action", "in_force", "confirmations",
+             "confirmations_needed:needed", "current", "created_at:added"],
             output)  # fmt: skip
 
 
@@ -73,8 +74,10 @@ def confirm(
     policy: UUID = typer.Argument(..., help="The rule's id."),
     output: Output = output_option(),
 ) -> None:
-    """Bind a rule to its tool as it is now (an admin). An approval rule stops deciding when
-    its tool's request changes (endpoint, method, template, credential...) until confirmed."""
+    """Confirm a rule for its tool as it is now (an admin). An approval rule stops deciding
+    when its tool's request changes (endpoint, method, template, credential...) until
+    confirmed, and decides only once as many admins confirmed it as the tool's calls need
+    approvers (two for a dangerous tool in a team)."""
     try:
         confirmed = Policies(database()).confirm(acting(), policy)
     except ToolrelayError as exc:

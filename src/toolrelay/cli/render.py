@@ -206,6 +206,9 @@ POLICY = shape(
     input_schema object
     created_at time
     current boolean
+    confirmations integer
+    confirmations_needed integer
+    in_force boolean
     """,
 )
 

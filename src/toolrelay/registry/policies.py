@@ -33,16 +33,20 @@ __all__ = ["ACTIONS", "Policies", "Policy", "apply_policies", "strict_approval"]
 ACTIONS: Final = ("approve", "reject")
 _COLUMNS: Final = (
     "p.id, p.tool_id, t.key AS tool_key, p.name, p.action, p.input_schema, p.created_at,"
-    " p.tool_fingerprint IS NOT DISTINCT FROM agents.tool_fingerprint(t) AS current"
+    " p.tool_fingerprint IS NOT DISTINCT FROM agents.tool_fingerprint(t) AS current,"
+    " s.confirmations, s.needed AS confirmations_needed, s.in_force"
+)
+_FROM: Final = (
+    " FROM agents.tool_policies p JOIN agents.tools_registry t ON t.id = p.tool_id"
+    " CROSS JOIN LATERAL agents.policy_standing(p.id) s"
 )
 _PENDING: Final = """
 SELECT i.id, i.input, i.status, t.key AS tool_key, t.endpoint_url, t.http_method,
        t.request_template, t.auth_placement, t.auth_param_name, t.idempotency_header,
        coalesce((SELECT jsonb_agg(jsonb_build_object('id', p.id, 'action', p.action,
                                                      'schema', p.input_schema,
-                                                     'current', p.tool_fingerprint
-                                                         IS NOT DISTINCT FROM
-                                                         agents.tool_fingerprint(t))
+                                                     'in_force', (SELECT s.in_force
+                                                         FROM agents.policy_standing(p.id) s))
                                   ORDER BY p.action DESC, p.created_at, p.id)
                    FROM agents.tool_policies p WHERE p.tool_id = i.tool_id
                     AND p.owner = i.owner), '[]') AS policies
@@ -64,6 +68,12 @@ class Policy:
     # Bound to the tool as it is (migration 0042): False once the tool's request changed
     # since the rule was added or confirmed; an approval rule then decides nothing.
     current: bool
+    # Admins who confirmed it for the tool as it is, and how many its calls need (0048).
+    confirmations: int
+    confirmations_needed: int
+    # Whether it decides calls now: a rejection rule always; an approval rule when current,
+    # confirmed by enough admins, and not only by the tool's last editor in a team.
+    in_force: bool
 
 
 class Policies:
@@ -98,8 +108,7 @@ class Policies:
     def list(self, who: Acting, tool: str | None = None) -> builtins.list[Policy]:
         with self._as(who) as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM agents.tool_policies p"
-                " JOIN agents.tools_registry t ON t.id = p.tool_id"
+                f"SELECT {_COLUMNS}{_FROM}"
                 " WHERE %(tool)s::text IS NULL OR t.key = %(tool)s OR t.id::text = %(tool)s"
                 " ORDER BY t.key, p.created_at, p.id",
                 {"tool": tool},
@@ -122,8 +131,7 @@ class Policies:
 
     def _one(self, conn: psycopg.Connection[Row], policy_id: UUID) -> Policy:
         row = conn.execute(
-            f"SELECT {_COLUMNS} FROM agents.tool_policies p"
-            " JOIN agents.tools_registry t ON t.id = p.tool_id WHERE p.id = %s",
+            f"SELECT {_COLUMNS}{_FROM} WHERE p.id = %s",
             (policy_id,),
         ).fetchone()
         assert row is not None
@@ -190,8 +198,8 @@ def apply_policies(db: Database, invocation_id: UUID) -> str | None:
             if row is None or not row["policies"]:
                 return None
             for policy in row["policies"]:
-                if policy["action"] == "approve" and not policy["current"]:
-                    continue  # the tool's request changed since it was reviewed (0042)
+                if not policy["in_force"]:
+                    continue  # changed since reviewed (0042), or short of admins (0048)
                 schema = policy["schema"]
                 if policy["action"] == "approve":  # an agent must not meet it by omission
                     schema = strict_approval(schema)

@@ -1,0 +1,135 @@
+"""An approval rule takes as many people as the calls it decides (migration 0048,
+docs/approvals.md): a rule is an approval given in advance, so on a tool whose calls need
+two approvers it decides nothing until two admins have confirmed it for the tool as it is.
+Before, one admin's rule approved a dangerous tool's calls alone, the quorum unmet. And the
+tool's editor is never a rule's only confirmer where someone else could be, at the moment
+the rule decides too (0043 checked only when the rule was written)."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import psycopg
+import pytest
+
+from tests.registry.helpers import agent_with_tool
+from toolrelay.db import Database
+from toolrelay.registry import Registry
+from toolrelay.registry.members import Members
+from toolrelay.registry.policies import Policies, Policy
+from toolrelay.tokens import Caller
+
+PAY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"amount": {"type": "integer"}, "channel": {"type": "string"}},
+    "required": ["amount", "channel"],
+}
+SMALL = {"properties": {"amount": {"maximum": 100}}}
+GATED = {"egress_class": "write", "requires_approval": True, "http_method": "POST",
+         "schema_input": PAY, "endpoint_url": "https://pay.example.com/send"}  # fmt: skip
+INPUT = {"amount": 50, "channel": "ops"}
+
+
+class Team:
+    """Carol made the tool; Alice and Bob are the other admins."""
+
+    def __init__(self, registry: Registry, db: Database, **tool: Any) -> None:
+        members = Members(db)
+        ids = {n: members.add(registry.owner, n, "admin").id for n in ("carol", "alice", "bob")}
+        self.owner = registry.owner
+        self.registry = registry
+        self.carol = Registry(db, registry.owner, member_id=ids["carol"])
+        self.alice = Caller(owner=registry.owner, member_id=ids["alice"])
+        self.bob = Caller(owner=registry.owner, member_id=ids["bob"])
+        self.as_alice = Registry(db, registry.owner, member_id=ids["alice"])
+        agent_with_tool(self.carol, key="pay.send", **(GATED | tool))
+        self.bot = Registry(db, registry.owner, agent_id=registry.get_agent("bot")["id"])
+        self.policies = Policies(db)
+
+    def call(self) -> UUID:
+        return self.bot.invoke("bot", "pay.send", INPUT)
+
+    def status(self, call: UUID) -> str:
+        return str(self.registry.get_invocation(call)["status"])
+
+    def rule(self, rule_id: UUID) -> Policy:
+        (found,) = [p for p in self.policies.list(self.owner) if p.id == rule_id]
+        return found
+
+
+def test_a_rule_on_a_dangerous_tool_takes_two_admins(registry: Registry, db: Database) -> None:
+    team = Team(registry, db, is_dangerous=True)
+    rule = team.policies.add(team.alice, "pay.send", "small payments", "approve", SMALL)
+    assert (rule.confirmations, rule.confirmations_needed, rule.in_force) == (1, 2, False)
+    call = team.call()
+    assert team.status(call) == "pending"  # one admin's rule is one approval of two
+    again = team.policies.confirm(team.alice, rule.id)
+    assert (again.confirmations, again.in_force) == (1, False)  # the same person once
+    confirmed = team.policies.confirm(team.bob, rule.id)
+    assert (confirmed.confirmations, confirmed.in_force) == (2, True)
+    decided = team.registry.get_invocation(team.call())
+    assert (decided["status"], decided["decided_by_policy"]) == ("running", rule.id)
+
+
+def test_an_explicit_quorum_counts_for_rules_too(registry: Registry, db: Database) -> None:
+    team = Team(registry, db, approvals_required=2)
+    rule = team.policies.add(team.alice, "pay.send", "small payments", "approve", SMALL)
+    assert team.status(team.call()) == "pending"
+    team.policies.confirm(team.bob, rule.id)
+    assert team.status(team.call()) == "running"
+
+
+def test_confirmations_of_an_older_request_do_not_count(registry: Registry, db: Database) -> None:
+    team = Team(registry, db, is_dangerous=True)
+    rule = team.policies.add(team.alice, "pay.send", "small payments", "approve", SMALL)
+    team.policies.confirm(team.bob, rule.id)
+    team.carol.update_tool("pay.send", {"endpoint_url": "https://elsewhere.example.com/send"})
+    assert team.rule(rule.id).confirmations == 0
+    assert team.policies.confirm(team.alice, rule.id).confirmations == 1  # Bob saw the old one
+    assert team.status(team.call()) == "pending"
+    assert team.policies.confirm(team.bob, rule.id).in_force
+    assert team.status(team.call()) == "running"
+
+
+def test_an_underconfirmed_rule_cannot_decide_even_by_sql(registry: Registry, db: Database) -> None:
+    team = Team(registry, db, is_dangerous=True)
+    rule = team.policies.add(team.alice, "pay.send", "small payments", "approve", SMALL)
+    call = team.call()
+    with (
+        pytest.raises(psycopg.Error, match="needs 2 admins"),
+        db.as_dispatcher() as conn,
+    ):
+        conn.execute("SELECT fn_policy_decide(%s, %s, %s)", (call, rule.id, "a" * 64))
+    assert team.status(call) == "pending"
+
+
+def test_a_rule_confirmed_only_by_the_tools_new_editor_waits(
+    registry: Registry, db: Database
+) -> None:
+    """Alice's rule is in force; Alice then changes how the tool is gated (not its request,
+    so the rule stays bound). She is now its editor: her rule alone no longer decides."""
+    team = Team(registry, db)
+    rule = team.policies.add(team.alice, "pay.send", "small payments", "approve", SMALL)
+    assert team.status(team.call()) == "running"
+    team.as_alice.update_tool("pay.send", {"approval_ttl_seconds": 600})
+    assert not team.rule(rule.id).in_force
+    assert team.status(team.call()) == "pending"
+    team.policies.confirm(team.bob, rule.id)
+    assert team.status(team.call()) == "running"
+
+
+def test_rejection_rules_need_no_confirmations(registry: Registry, db: Database) -> None:
+    team = Team(registry, db, is_dangerous=True)
+    rule = team.policies.add(team.alice, "pay.send", "no ops", "reject",
+                             {"properties": {"channel": {"const": "ops"}}})  # fmt: skip
+    assert rule.in_force
+    assert team.status(team.call()) == "rejected"
+
+
+def test_a_tenant_alone_still_writes_rules_that_decide(registry: Registry, db: Database) -> None:
+    agent_with_tool(registry, key="pay.send", is_dangerous=True, **GATED)
+    bot = Registry(db, registry.owner, agent_id=registry.get_agent("bot")["id"])
+    rule = Policies(db).add(registry.owner, "pay.send", "small payments", "approve", SMALL)
+    assert (rule.confirmations, rule.confirmations_needed, rule.in_force) == (1, 1, True)
+    assert registry.get_invocation(bot.invoke("bot", "pay.send", INPUT))["status"] == "running"
