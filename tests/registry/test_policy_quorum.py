@@ -133,3 +133,24 @@ def test_a_tenant_alone_still_writes_rules_that_decide(registry: Registry, db: D
     rule = Policies(db).add(registry.owner, "pay.send", "small payments", "approve", SMALL)
     assert (rule.confirmations, rule.confirmations_needed, rule.in_force) == (1, 1, True)
     assert registry.get_invocation(bot.invoke("bot", "pay.send", INPUT))["status"] == "running"
+
+
+@pytest.mark.parametrize("leaves", ["removed", "demoted"])
+def test_a_confirmation_counts_while_its_admin_is_one(
+    registry: Registry, db: Database, leaves: str
+) -> None:
+    """A rule stands for as long as its tool; the second admin who confirmed it may leave,
+    or stop being an admin. Then the rule has one admin behind it, and waits for another."""
+    team = Team(registry, db, is_dangerous=True)
+    rule = team.policies.add(team.alice, "pay.send", "small payments", "approve", SMALL)
+    team.policies.confirm(team.bob, rule.id)
+    assert team.status(team.call()) == "running"
+    members = Members(db)
+    assert team.bob.member_id is not None
+    if leaves == "removed":
+        members.remove(registry.owner, team.bob.member_id)
+    else:
+        members.set_role(registry.owner, team.bob.member_id, "approver")
+    standing = team.rule(rule.id)
+    assert (standing.confirmations, standing.in_force) == (1, False)
+    assert team.status(team.call()) == "pending"

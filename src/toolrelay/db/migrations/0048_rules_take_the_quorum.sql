@@ -8,7 +8,8 @@
 --    fn_confirm_policy adds (or renews) the caller's.
 -- 2. A rule is in force when the admins who confirmed it for the tool as it is now are at
 --    least as many as a call to the tool needs approvers (agents.approvals_needed; the
---    tenant's own token counts only where approvers need not be told apart, 0040), and, in
+--    tenant's own token counts only where approvers need not be told apart, 0040; a member
+--    counts while an admin, not once removed or given another role), and, in
 --    a team, one of them is not the tool's last editor (0026's rule for people, now also
 --    checked when the rule decides, not only when it is written, 0043).
 --    agents.policy_standing says so; toolrelay skips a rule not in force and
@@ -97,10 +98,16 @@ BEGIN
         RETURN;
     END IF;
     needed := agents.approvals_needed(t);
+    -- Confirmations of admins who still are (a rule outlives its confirmers' roles), and
+    -- the tenant's own where approvers need not be told apart.
     v_counted := ARRAY(
         SELECT c.member_id FROM agents.policy_confirmations c
          WHERE c.policy_id = p.id AND c.tool_fingerprint = agents.tool_fingerprint(t)
-           AND (c.member_id <> t.owner OR NOT agents.approvers_told_apart(t.owner, needed)));
+           AND CASE WHEN c.member_id = t.owner
+                    THEN NOT agents.approvers_told_apart(t.owner, needed)
+                    ELSE EXISTS (SELECT 1 FROM agents.members m
+                                  WHERE m.id = c.member_id AND m.owner = t.owner
+                                    AND m.removed_at IS NULL AND m.role = 'admin') END);
     confirmations := cardinality(v_counted);
     IF p.action <> 'approve' THEN
         in_force := true;
