@@ -68,6 +68,12 @@ def test_a_rule_on_a_dangerous_tool_takes_two_admins(registry: Registry, db: Dat
     assert (again.confirmations, again.in_force) == (1, False)  # the same person once
     confirmed = team.policies.confirm(team.bob, rule.id)
     assert (confirmed.confirmations, confirmed.in_force) == (2, True)
+    with db.as_owner(team.owner) as conn:  # who confirmed is in the audit log
+        confirmers = conn.execute(
+            "SELECT actor_member FROM agents.config_audit WHERE kind = 'policy_confirmation'"
+            " AND action = 'insert' ORDER BY id"
+        ).fetchall()
+    assert [r["actor_member"] for r in confirmers] == [team.alice.member_id, team.bob.member_id]
     decided = team.registry.get_invocation(team.call())
     assert (decided["status"], decided["decided_by_policy"]) == ("running", rule.id)
 

@@ -230,6 +230,6 @@ async def test_a_dispatcher_run_adds_no_audit_rows(
         ).fetchall()
     assert {r["tbl"] for r in audited} == {
         "agents.agents", "agents.api_tokens", "agents.credentials", "agents.members",
-        "agents.tool_assignments", "agents.tool_policies", "agents.tools_registry",
-        "agents.webhook_subscriptions",
+        "agents.policy_confirmations", "agents.tool_assignments", "agents.tool_policies",
+        "agents.tools_registry", "agents.webhook_subscriptions",
     }  # fmt: skip

@@ -18,8 +18,9 @@ from toolrelay.tokens import Caller
 router = APIRouter(prefix="/v1")
 
 AuditKind = Literal[  # AUDIT_KINDS
-    "agent", "assignment", "credential", "member", "policy", "token", "tool", "webhook"
-]
+    "agent", "assignment", "credential", "member", "policy", "policy_confirmation", "token",
+    "tool", "webhook",
+]  # fmt: skip
 
 
 class AuditEntry(BaseModel):

@@ -20,7 +20,10 @@ from toolrelay.registry.fields import check_limit
 from toolrelay.registry.service import Registry
 
 # The kinds the triggers of migration 0023 write; a table audited later adds its own here.
-AUDIT_KINDS = ("agent", "assignment", "credential", "member", "policy", "token", "tool", "webhook")
+AUDIT_KINDS = (
+    "agent", "assignment", "credential", "member", "policy", "policy_confirmation", "token",
+    "tool", "webhook",
+)  # fmt: skip
 AUDIT_PAGE_MOST = 200  # rows per page at most
 DEFAULT_AUDIT_LIMIT = 50
 
