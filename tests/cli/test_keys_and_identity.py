@@ -21,6 +21,8 @@ from toolrelay.cli import context
 from toolrelay.cli.main import app
 from toolrelay.credentials import CredentialStore, MissingMasterKey, load_keyring
 from toolrelay.db import Database, migrate
+from toolrelay.errors import ConfigurationError
+from toolrelay.notify.subscriptions import Webhooks
 
 TOOLRELAY = str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "toolrelay")
 runner = CliRunner()
@@ -157,3 +159,49 @@ def test_the_old_owner_file_is_named_in_the_error(shared_db: Path) -> None:
     result = runner.invoke(app, ["tool", "list"])
     assert result.exit_code == 1
     assert f"TOOLRELAY_OWNER={known}" in result.stderr
+
+
+def test_another_installations_key_under_the_same_id_is_refused(
+    own_database: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Every bare base64 key is id 'default': an env file copied from another installation
+    # passes a check of ids. Accepted, its worker failed every credentialed call
+    # `credential_error` (a missing id hands the call back instead) and new secrets were
+    # sealed under a key the rest of the fleet does not have.
+    monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
+    mine, theirs = make_keyring("default"), make_keyring("default")
+    db = Database(own_database)
+    CredentialStore(db, mine).add(uuid.uuid4(), "api_key", "one", "s3cret", ["a.example"])
+    with pytest.raises(MissingMasterKey) as raised:
+        load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": keyring_text(theirs)})
+    message = raised.value.message
+    assert "'default' (1 credential)" in message and "TOOLRELAY_MASTER_KEY" in message
+    assert "not the key" in message
+    for keyring in (mine, theirs):
+        assert keyring_text(keyring).split(":")[1] not in message
+    assert load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": keyring_text(mine)})
+
+
+def test_a_deleted_local_key_is_never_replaced_while_webhook_secrets_use_it(
+    own_database: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Webhook signing secrets are sealed under the master key like credentials. With no
+    # credential sealed, a deleted local key file was silently replaced by a new key of the
+    # same id ('local'), and every webhook's secret could never be read again.
+    monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
+    db = Database(own_database)
+    keyring = load_keyring(db, embedded=True, environ={})
+    Webhooks(db, str(uuid.uuid4()), keyring).add("https://hooks.example.com/in", ["pending"])
+    key_file = tmp_path / "master.key"
+    backup = key_file.read_bytes()
+    key_file.unlink()
+    with pytest.raises(MissingMasterKey) as raised:
+        load_keyring(db, embedded=True, environ={})
+    assert "'local' (1 webhook secret)" in raised.value.message
+    assert "restore it from your backup" in raised.value.message
+    assert not key_file.exists()  # no new key was generated
+    # An external database without any key configured says the same of webhook secrets.
+    with pytest.raises(ConfigurationError, match=r"'local' \(1 webhook secret\)"):
+        load_keyring(db, embedded=False, environ={})
+    key_file.write_bytes(backup)
+    assert load_keyring(db, embedded=True, environ={}).ids == ["local"]
