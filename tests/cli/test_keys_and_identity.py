@@ -205,3 +205,23 @@ def test_a_deleted_local_key_is_never_replaced_while_webhook_secrets_use_it(
         load_keyring(db, embedded=False, environ={})
     key_file.write_bytes(backup)
     assert load_keyring(db, embedded=True, environ={}).ids == ["local"]
+
+
+def test_removing_a_key_that_still_seals_webhook_secrets_is_refused(
+    own_database: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A rotation that ran `credential rewrap` but not `webhook rewrap`, then dropped the old
+    # key: every credential is under the new key, so a check of credentials alone passed and
+    # each webhook's secret could no longer be read.
+    monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
+    old, new = make_keyring("k-old"), make_keyring("k-new")
+    db = Database(own_database)
+    owner = uuid.uuid4()
+    CredentialStore(db, old).add(owner, "api_key", "one", "s3cret", ["a.example"])
+    Webhooks(db, str(owner), old).add("https://hooks.example.com/in", ["pending"])
+    both = f"{keyring_text(old)},{keyring_text(new)}"
+    CredentialStore(db, load_keyring(db, False, {"TOOLRELAY_MASTER_KEY": both})).rewrap()
+    with pytest.raises(MissingMasterKey) as raised:
+        load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": keyring_text(new)})
+    assert "'k-old' (1 webhook secret)" in raised.value.message
+    assert "'k-new'" in raised.value.message and "credential)" not in raised.value.message
