@@ -3,6 +3,7 @@ database a lost TOOLRELAY_HOME never turns the CLI into a brand-new owner (issue
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -15,14 +16,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.cliproc import CLI
 from tests.credentials.conftest import keyring_text, make_keyring
 from tests.pgtest import create_database, drop_database
+from tests.registry.helpers import add_tool
 from toolrelay.cli import context
 from toolrelay.cli.main import app
 from toolrelay.credentials import CredentialStore, MissingMasterKey, load_keyring
 from toolrelay.db import Database, migrate
 from toolrelay.errors import ConfigurationError
 from toolrelay.notify.subscriptions import Webhooks
+from toolrelay.registry import Registry
 
 TOOLRELAY = str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "toolrelay")
 runner = CliRunner()
@@ -225,3 +229,37 @@ def test_removing_a_key_that_still_seals_webhook_secrets_is_refused(
         load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": keyring_text(new)})
     assert "'k-old' (1 webhook secret)" in raised.value.message
     assert "'k-new'" in raised.value.message and "credential)" not in raised.value.message
+
+
+def test_a_worker_with_a_malformed_key_refuses_instead_of_failing_every_call(
+    own_database: str, tmp_path: Path
+) -> None:
+    # A key pasted short (a character lost, 16 bytes instead of 32) or the two variables
+    # both set: the keyring is refused with a clear error, but worker and serve took any
+    # such error for "no key at all" and ran without one; every call needing a credential
+    # then failed credential_error for good, where a key that is missing refuses the start.
+    keyring = make_keyring("k1")
+    db = Database(own_database)
+    registry = Registry(db, uuid.uuid4())
+    credential = CredentialStore(db, keyring).add(
+        registry.owner, "api_key", "k", "s3cret", ["127.0.0.1"]
+    )
+    add_tool(registry, "k.get", auth_method="api_key", credential_ref=credential,
+             endpoint_url="http://127.0.0.1:9/x")  # fmt: skip
+    registry.create_agent("bot")
+    registry.assign("bot", "k.get")
+    call = registry.invoke("bot", "k.get", {})
+    good = keyring_text(keyring)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLRELAY_", "DATABASE_"))}
+    env |= {"DATABASE_URL": own_database, "TOOLRELAY_HOME": str(tmp_path)}
+    short = "k1:" + base64.b64encode(keyring.get("k1").key[:16]).decode()
+    for wrong in ({"TOOLRELAY_MASTER_KEY": short},
+                  {"TOOLRELAY_MASTER_KEY": good, "TOOLRELAY_MASTER_KEY_FILE": "/dev/null"}):  # fmt: skip
+        ran = subprocess.run([str(CLI), "worker", "--drain"], env=env | wrong, text=True,
+                             capture_output=True, timeout=120)  # fmt: skip
+        assert ran.returncode == 1, ran.stderr
+        [line] = ran.stderr.strip().splitlines()
+        assert line.startswith("error: ") and "'k1' (1 credential)" in line, line
+        assert good.split(":")[1] not in line and short.split(":")[1] not in line
+    row = registry.get_invocation(call)
+    assert (row["status"], row["attempt"], row["error_code"]) == ("running", 0, None)

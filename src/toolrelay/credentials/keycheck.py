@@ -124,7 +124,17 @@ def load_keyring(db: Database, embedded: bool, environ: Mapping[str, str] | None
             f" {local} does not exist; restore it from your backup (docs/operations.md,"
             " Backups) — no new key was generated, so nothing was lost"
         )
-    keyring = keyring_from_env(embedded=embedded, environ=env)
+    try:
+        keyring = keyring_from_env(embedded=embedded, environ=env)
+    except ConfigurationError as exc:
+        if not usage or isinstance(exc, MissingMasterKey):
+            raise
+        # Keys set but unusable (cut short, both variables set): a process that went on
+        # without them would fail every call needing a secret, so refuse as for a missing one.
+        raise MissingMasterKey(
+            f"{exc.message}; {_missing(usage, [])} sealed in this database cannot be read"
+            " until it is fixed"
+        ) from None
     missing = _missing(usage, keyring.ids)
     if missing:
         raise MissingMasterKey(
