@@ -3,6 +3,7 @@ database a lost TOOLRELAY_HOME never turns the CLI into a brand-new owner (issue
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -15,12 +16,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.cliproc import CLI
 from tests.credentials.conftest import keyring_text, make_keyring
 from tests.pgtest import create_database, drop_database
+from tests.registry.helpers import add_tool
 from toolrelay.cli import context
 from toolrelay.cli.main import app
 from toolrelay.credentials import CredentialStore, MissingMasterKey, load_keyring
 from toolrelay.db import Database, migrate
+from toolrelay.errors import ConfigurationError
+from toolrelay.notify.subscriptions import Webhooks
+from toolrelay.registry import Registry
 
 TOOLRELAY = str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "toolrelay")
 runner = CliRunner()
@@ -157,3 +163,103 @@ def test_the_old_owner_file_is_named_in_the_error(shared_db: Path) -> None:
     result = runner.invoke(app, ["tool", "list"])
     assert result.exit_code == 1
     assert f"TOOLRELAY_OWNER={known}" in result.stderr
+
+
+def test_another_installations_key_under_the_same_id_is_refused(
+    own_database: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Every bare base64 key is id 'default': an env file copied from another installation
+    # passes a check of ids. Accepted, its worker failed every credentialed call
+    # `credential_error` (a missing id hands the call back instead) and new secrets were
+    # sealed under a key the rest of the fleet does not have.
+    monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
+    mine, theirs = make_keyring("default"), make_keyring("default")
+    db = Database(own_database)
+    CredentialStore(db, mine).add(uuid.uuid4(), "api_key", "one", "s3cret", ["a.example"])
+    with pytest.raises(MissingMasterKey) as raised:
+        load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": keyring_text(theirs)})
+    message = raised.value.message
+    assert "'default' (1 credential)" in message and "TOOLRELAY_MASTER_KEY" in message
+    assert "not the key" in message
+    for keyring in (mine, theirs):
+        assert keyring_text(keyring).split(":")[1] not in message
+    assert load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": keyring_text(mine)})
+
+
+def test_a_deleted_local_key_is_never_replaced_while_webhook_secrets_use_it(
+    own_database: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Webhook signing secrets are sealed under the master key like credentials. With no
+    # credential sealed, a deleted local key file was silently replaced by a new key of the
+    # same id ('local'), and every webhook's secret could never be read again.
+    monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
+    db = Database(own_database)
+    keyring = load_keyring(db, embedded=True, environ={})
+    Webhooks(db, str(uuid.uuid4()), keyring).add("https://hooks.example.com/in", ["pending"])
+    key_file = tmp_path / "master.key"
+    backup = key_file.read_bytes()
+    key_file.unlink()
+    with pytest.raises(MissingMasterKey) as raised:
+        load_keyring(db, embedded=True, environ={})
+    assert "'local' (1 webhook secret)" in raised.value.message
+    assert "restore it from your backup" in raised.value.message
+    assert not key_file.exists()  # no new key was generated
+    # An external database without any key configured says the same of webhook secrets.
+    with pytest.raises(ConfigurationError, match=r"'local' \(1 webhook secret\)"):
+        load_keyring(db, embedded=False, environ={})
+    key_file.write_bytes(backup)
+    assert load_keyring(db, embedded=True, environ={}).ids == ["local"]
+
+
+def test_removing_a_key_that_still_seals_webhook_secrets_is_refused(
+    own_database: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A rotation that ran `credential rewrap` but not `webhook rewrap`, then dropped the old
+    # key: every credential is under the new key, so a check of credentials alone passed and
+    # each webhook's secret could no longer be read.
+    monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
+    old, new = make_keyring("k-old"), make_keyring("k-new")
+    db = Database(own_database)
+    owner = uuid.uuid4()
+    CredentialStore(db, old).add(owner, "api_key", "one", "s3cret", ["a.example"])
+    Webhooks(db, str(owner), old).add("https://hooks.example.com/in", ["pending"])
+    both = f"{keyring_text(old)},{keyring_text(new)}"
+    CredentialStore(db, load_keyring(db, False, {"TOOLRELAY_MASTER_KEY": both})).rewrap()
+    with pytest.raises(MissingMasterKey) as raised:
+        load_keyring(db, embedded=False, environ={"TOOLRELAY_MASTER_KEY": keyring_text(new)})
+    assert "'k-old' (1 webhook secret)" in raised.value.message
+    assert "'k-new'" in raised.value.message and "credential)" not in raised.value.message
+
+
+def test_a_worker_with_a_malformed_key_refuses_instead_of_failing_every_call(
+    own_database: str, tmp_path: Path
+) -> None:
+    # A key pasted short (a character lost, 16 bytes instead of 32) or the two variables
+    # both set: the keyring is refused with a clear error, but worker and serve took any
+    # such error for "no key at all" and ran without one; every call needing a credential
+    # then failed credential_error for good, where a key that is missing refuses the start.
+    keyring = make_keyring("k1")
+    db = Database(own_database)
+    registry = Registry(db, uuid.uuid4())
+    credential = CredentialStore(db, keyring).add(
+        registry.owner, "api_key", "k", "s3cret", ["127.0.0.1"]
+    )
+    add_tool(registry, "k.get", auth_method="api_key", credential_ref=credential,
+             endpoint_url="http://127.0.0.1:9/x")  # fmt: skip
+    registry.create_agent("bot")
+    registry.assign("bot", "k.get")
+    call = registry.invoke("bot", "k.get", {})
+    good = keyring_text(keyring)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLRELAY_", "DATABASE_"))}
+    env |= {"DATABASE_URL": own_database, "TOOLRELAY_HOME": str(tmp_path)}
+    short = "k1:" + base64.b64encode(keyring.get("k1").key[:16]).decode()
+    for wrong in ({"TOOLRELAY_MASTER_KEY": short},
+                  {"TOOLRELAY_MASTER_KEY": good, "TOOLRELAY_MASTER_KEY_FILE": "/dev/null"}):  # fmt: skip
+        ran = subprocess.run([str(CLI), "worker", "--drain"], env=env | wrong, text=True,
+                             capture_output=True, timeout=120)  # fmt: skip
+        assert ran.returncode == 1, ran.stderr
+        [line] = ran.stderr.strip().splitlines()
+        assert line.startswith("error: ") and "'k1' (1 credential)" in line, line
+        assert good.split(":")[1] not in line and short.split(":")[1] not in line
+    row = registry.get_invocation(call)
+    assert (row["status"], row["attempt"], row["error_code"]) == ("running", 0, None)

@@ -24,6 +24,11 @@ from toolrelay.db import Database
 UUID_LINE = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\n$"
 
 
+# One key for the session's database, as one installation has: a new key under the same id
+# is another installation's, which the CLI refuses (keycheck.py).
+CLI_KEYS = keyring_text(make_keyring("cli1"))
+
+
 @pytest.fixture
 def cli_env(cred_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Environment for one owner on the test database; yields the owner's uuid."""
@@ -31,7 +36,7 @@ def cli_env(cred_db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv("DATABASE_URL", cred_db)
     monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
     monkeypatch.setenv("TOOLRELAY_OWNER", owner)
-    monkeypatch.setenv("TOOLRELAY_MASTER_KEY", keyring_text(make_keyring("cli1")))
+    monkeypatch.setenv("TOOLRELAY_MASTER_KEY", CLI_KEYS)
     monkeypatch.delenv("TOOLRELAY_MASTER_KEY_FILE", raising=False)
     context.database.cache_clear()  # it caches the first DATABASE_URL it saw
     yield owner

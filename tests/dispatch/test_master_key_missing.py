@@ -94,3 +94,33 @@ async def test_a_worker_lacking_the_key_still_sends_the_other_calls(
     assert registry.get_invocation(plain)["status"] == "completed"
     assert upstream.hits["/keyed-two"] == 0
     assert {registry.get_invocation(i)["status"] for i in first} == {"running"}
+
+
+async def test_a_worker_without_any_key_leaves_the_call_too(
+    registry: Registry, db: Database, upstream: Upstream, drain: Drain, database_url: str
+) -> None:
+    """A new machine started without TOOLRELAY_MASTER_KEY: the CLI only warns (tools
+    without credentials still run), and lacking every key is lacking this one. Such a
+    worker failed each credentialed call it claimed credential_error, for good, where
+    docs/operations.md promises a worker lacking a key gives the call back."""
+    keyring = Keyring([MasterKey("k1", os.urandom(32))])
+    cred = CredentialStore(db, keyring).add(registry.owner, "api_key", "svc", "s3cret-" + "7" * 8)
+    agent, keyed = agent_with_tool(
+        registry, key="keyed.none", endpoint_url=f"{upstream.base_url}/keyed-none",
+        auth_method="api_key", credential_ref=cred,
+    )  # fmt: skip
+    add_tool(registry, key="plain.none", endpoint_url=f"{upstream.base_url}/plain-none")
+    registry.assign(agent, "plain.none")
+    made = registry.invoke(agent, keyed["key"], {})
+    plain = registry.invoke(agent, "plain.none", {})
+
+    await drain(keyring=None)
+    assert registry.get_invocation(plain)["status"] == "completed"
+    row = registry.get_invocation(made)
+    assert (row["status"], row["error_code"], row["attempt"]) == ("running", None, 0), row["error"]
+    assert upstream.hits["/keyed-none"] == 0
+
+    await drain(keyring=keyring)
+    row = registry.get_invocation(made)
+    assert row["status"] == "completed", row["error"]
+    assert upstream.hits["/keyed-none"] == 1

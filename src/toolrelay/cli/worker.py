@@ -58,7 +58,8 @@ def worker(
         except MissingMasterKey:
             raise  # secrets are sealed under a key we lack: refuse rather than fail every call
         except ConfigurationError as exc:
-            # Tools without credentials still run; those with one fail with credential_error.
+            # Tools without credentials still run; calls of those with one are handed back
+            # for a worker that has the keys (dispatch/worker.py, _resolve).
             err_console.print(f"warning: {exc.message}", markup=False, highlight=False)
             keyring = None
         settings = WorkerSettings(

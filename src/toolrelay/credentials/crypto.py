@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from toolrelay.credentials.keys import Keyring, MasterKey
 from toolrelay.errors import CredentialError
 
-__all__ = ["CredentialIdentity", "Envelope", "rewrap", "seal", "unseal"]
+__all__ = ["CredentialIdentity", "Envelope", "opens", "rewrap", "seal", "unseal"]
 
 _NONCE_BYTES = 12
 _DATA_KEY_BITS = 256
@@ -68,6 +68,17 @@ def rewrap(keyring: Keyring, ident: CredentialIdentity, envelope: Envelope) -> E
     data_key = _unwrap(keyring, ident, envelope)
     master = keyring.newest
     return Envelope(master.id, _wrap(master, ident, data_key), envelope.nonce, envelope.ciphertext)
+
+
+def opens(master: MasterKey, ident: CredentialIdentity, wrapped_key: bytes) -> bool:
+    """Whether ``master`` unwraps this data key: the key it was wrapped under, not merely
+    one with the same id."""
+    nonce, wrapped = wrapped_key[:_NONCE_BYTES], wrapped_key[_NONCE_BYTES:]
+    try:
+        AESGCM(master.key).decrypt(nonce, wrapped, ident.aad("key", master.id))
+    except (InvalidTag, ValueError):
+        return False
+    return True
 
 
 def _wrap(master: MasterKey, ident: CredentialIdentity, data_key: bytes) -> bytes:

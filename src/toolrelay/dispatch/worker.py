@@ -54,7 +54,7 @@ from toolrelay.dispatch.preflight import (
     describe_database,
 )
 from toolrelay.dispatch.store import Busy, DispatchStore, Row, open_pool
-from toolrelay.errors import ConfigurationError, CredentialError, DispatchError
+from toolrelay.errors import ConfigurationError, DispatchError, UnknownMasterKey
 from toolrelay.notify.deliver import run_in_worker as deliver_webhooks
 from toolrelay.registry.service import Claim
 
@@ -579,7 +579,11 @@ class Worker:
         self, credential_id: UUID, host: str, port: int | None, row: Mapping[str, Any] | None
     ) -> str:
         if self.resolver is None:
-            raise CredentialError("this worker has no master key, so it cannot use credentials")
+            # No key at all lacks this one too: the call goes back to a worker that has it,
+            # as for a key id this worker lacks (never failed for this worker's configuration).
+            raise UnknownMasterKey(
+                "this worker has no master key, so it cannot use credentials", key_id=""
+            )
         return await self.resolver.resolve(
             credential_id, host, port, self.executor.session, dict(row) if row else None
         )
