@@ -166,12 +166,17 @@ def test_definer_helpers_tell_another_tenant_nothing(
             mine = conn.execute(sql, (unknown,)).fetchone()
             theirs = conn.execute(sql, (a.agent if "stamp" in sql else a.tool,)).fetchone()
             assert mine == theirs, sql
+        standing = "SELECT * FROM agents.policy_standing(%s)"
+        mine = conn.execute(standing, (unknown,)).fetchone()
+        assert conn.execute(standing, (a.policy,)).fetchone() == mine
+        assert mine == {"confirmations": None, "needed": None, "in_force": None}
         seen = conn.execute(
             "SELECT agents.invoke_seen(%s, NULL, %s, '{}', NULL, 'x') AS v", (a.agent, a.tool)
         ).fetchone()
         assert seen == {"v": None}
         for table in ("tool_policies", "members", "webhook_deliveries", "invocation_approvals",
-                      "config_audit", "api_tokens", "credential_connections"):  # fmt: skip
+                      "config_audit", "api_tokens", "credential_connections",
+                      "policy_confirmations"):  # fmt: skip
             rows = conn.execute(f"SELECT owner FROM agents.{table}").fetchall()
             assert all(row["owner"] == b.owner for row in rows), table
 
