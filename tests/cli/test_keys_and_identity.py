@@ -4,6 +4,7 @@ database a lost TOOLRELAY_HOME never turns the CLI into a brand-new owner (issue
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -263,3 +265,40 @@ def test_a_worker_with_a_malformed_key_refuses_instead_of_failing_every_call(
         assert good.split(":")[1] not in line and short.split(":")[1] not in line
     row = registry.get_invocation(call)
     assert (row["status"], row["attempt"], row["error_code"]) == ("running", 0, None)
+
+
+def test_credential_keys_says_what_the_start_check_says(
+    own_database: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`credential keys` is the operator's check before dropping a key: it counts webhook
+    secrets beside credentials and tries each key on what it seals, so it fails exactly
+    where worker and serve would refuse to start."""
+    monkeypatch.setenv("TOOLRELAY_HOME", str(tmp_path))
+    monkeypatch.setenv("DATABASE_URL", own_database)
+    old, new, theirs = make_keyring("k-old"), make_keyring("k-new"), make_keyring("k-new")
+    db = Database(own_database)
+    owner = uuid.uuid4()
+    CredentialStore(db, new).add(owner, "api_key", "one", "s3cret", ["a.example"])
+    Webhooks(db, str(owner), old).add("https://hooks.example.com/in", ["pending"])
+
+    def keys(*keyrings: Any) -> Any:
+        monkeypatch.setenv("TOOLRELAY_MASTER_KEY", ",".join(map(keyring_text, keyrings)))
+        context.database.cache_clear()
+        return runner.invoke(app, ["credential", "keys", "-o", "json"])
+
+    dropped = keys(new)  # the webhook secret is still under k-old
+    assert dropped.exit_code == 1, dropped.output
+    rows = {r["key_id"]: r for r in json.loads(dropped.stdout)["items"]}
+    assert (rows["k-old"]["webhook_secrets"], rows["k-old"]["configured"]) == (1, False)
+    assert (rows["k-new"]["credentials"], rows["k-new"]["opens"]) == (1, True)
+
+    wrong = keys(old, theirs)  # the right id, another installation's bytes
+    assert wrong.exit_code == 1, wrong.output
+    rows = {r["key_id"]: r for r in json.loads(wrong.stdout)["items"]}
+    assert (rows["k-new"]["configured"], rows["k-new"]["opens"]) == (True, False)
+    assert rows["k-old"]["opens"] is True
+    for keyring in (old, new, theirs):
+        assert keyring_text(keyring).split(":")[1] not in wrong.output
+
+    assert keys(old, new).exit_code == 0
+    context.database.cache_clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import sys
+from dataclasses import asdict
 from enum import StrEnum
 from uuid import UUID
 
@@ -13,7 +14,7 @@ from rich.table import Table
 
 from toolrelay import config
 from toolrelay.cli.context import acting, console, database, err_console, fail
-from toolrelay.cli.render import CREDENTIAL, Output, listing, output_option
+from toolrelay.cli.render import CREDENTIAL, KEY_STATUS, Output, listing, output_option
 from toolrelay.credentials import (
     CredentialStore,
     Keyring,
@@ -157,22 +158,30 @@ def rewrap() -> None:
 
 
 @credential_app.command()
-def keys() -> None:
-    """Which master key ids are configured, which are in use and by how many credentials.
+def keys(output: Output = output_option()) -> None:
+    """Which master key ids are configured, which are in use (credentials and webhook
+    secrets), and whether each configured key opens what it seals.
 
-    Exits 1 when a key id in use is not configured (those secrets cannot be read)."""
+    Exits 1 when secrets in use cannot be read: their key id is not configured, or the key
+    of that id is another one (the checks worker and serve make before starting)."""
     try:
         statuses = key_status(database())
     except ToolrelayError as exc:
         raise fail(exc) from None
-    out = Table()
-    for column in ("key id", "configured", "credentials", "newest"):
-        out.add_column(column)
-    for st in statuses:
-        configured = "yes" if st.configured else "MISSING" if st.credentials else "no"
-        out.add_row(st.key_id, configured, str(st.credentials), "yes" if st.newest else "")
-    console.print(out)
-    if any(st.credentials and not st.configured for st in statuses):
+    if output is not Output.table:
+        listing(KEY_STATUS, [asdict(st) for st in statuses], [], output)
+    else:
+        out = Table()
+        for column in ("key id", "configured", "credentials", "webhook secrets", "opens",
+                       "newest"):  # fmt: skip
+            out.add_column(column)
+        for st in statuses:
+            configured = "yes" if st.configured else "MISSING" if st.unreadable else "no"
+            opens = {True: "yes", False: "NO: another key", None: ""}[st.opens]
+            out.add_row(st.key_id, configured, str(st.credentials), str(st.webhook_secrets),
+                        opens, "yes" if st.newest else "")  # fmt: skip
+        console.print(out)
+    if any(st.unreadable for st in statuses):
         raise typer.Exit(1)
 
 

@@ -195,6 +195,18 @@ MEMBER = shape(
     """,
 )
 
+KEY_STATUS = shape(
+    "key_status",
+    """
+    key_id string
+    configured boolean
+    newest boolean
+    credentials integer
+    webhook_secrets integer
+    opens boolean?
+    """,
+)
+
 POLICY = shape(
     "policy",
     """

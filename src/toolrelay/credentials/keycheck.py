@@ -166,19 +166,39 @@ class KeyStatus:
     configured: bool
     newest: bool
     credentials: int
+    webhook_secrets: int
+    # Whether the configured key of this id opens what it seals here: False for another
+    # installation's key under the same id; None when not configured or sealing nothing.
+    opens: bool | None
+
+    @property
+    def unreadable(self) -> bool:
+        """Secrets under this id that this configuration cannot read (worker and serve refuse
+        to start on it, load_keyring)."""
+        return bool(self.credentials or self.webhook_secrets) and not self.opens
 
 
 def key_status(db: Database, environ: Mapping[str, str] | None = None) -> list[KeyStatus]:
-    """Each key id configured or in use, without loading or generating anything."""
+    """Each key id configured or in use, without generating anything: what it seals, and
+    whether the configured key of that id opens it (the checks load_keyring makes)."""
     env = os.environ if environ is None else environ
-    usage = key_usage(db)
+    usage = _sealed(db)
     local = config.home() / LOCAL_KEY_FILE
+    keyring: Keyring | None = None
     if env.get(KEY_ENV, "").strip() or env.get(KEY_FILE_ENV, "").strip():
-        ids = keyring_from_env(embedded=False, environ=env).ids
+        keyring = keyring_from_env(embedded=False, environ=env)
     elif local.exists():
-        ids = Keyring.parse(local.read_text("utf-8"), str(local)).ids
-    else:
-        ids = []
+        keyring = Keyring.parse(local.read_text("utf-8"), str(local))
+    ids = keyring.ids if keyring is not None else []
     newest = ids[-1] if ids else None
-    every = list(dict.fromkeys([*ids, *usage]))
-    return [KeyStatus(k, k in ids, k == newest, usage.get(k, 0)) for k in every]
+    statuses = []
+    for key_id in dict.fromkeys([*ids, *usage]):
+        sealed = usage.get(key_id)
+        readable = None
+        if keyring is not None and key_id in ids and sealed is not None:
+            readable = opens(keyring.get(key_id), sealed.sample, sealed.wrapped_key)
+        statuses.append(KeyStatus(
+            key_id, key_id in ids, key_id == newest, sealed.credentials if sealed else 0,
+            sealed.webhooks if sealed else 0, readable,
+        ))  # fmt: skip
+    return statuses
