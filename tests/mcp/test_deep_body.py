@@ -9,9 +9,14 @@ at, for anyone who could reach /mcp.
 
 from __future__ import annotations
 
-import httpx
+import base64
 
-from tests.mcp.conftest import World
+import httpx
+import pytest
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+
+from tests.mcp.conftest import World, http_client
 
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 DEPTH = 200_000  # far past the parser's recursion limit, well inside the 1 MiB body limit
@@ -40,3 +45,17 @@ def test_a_body_too_deep_to_parse_is_a_401_or_a_parse_error_never_a_500(
         answer = post(serve_url, world.agent_token, body)
         assert answer.status_code == 400, answer.text[:300]
         assert "Parse error" in answer.json()["error"]["message"]
+
+
+async def test_a_cursor_too_deep_to_parse_is_an_invalid_cursor(
+    world: World, serve_url: str
+) -> None:
+    """tools/list's cursor is base64 of JSON: one nested too deep was an internal error."""
+    raw = ("[" * DEPTH + "]" * DEPTH).encode()
+    cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    async with http_client(serve_url, world.agent_token) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.list_tools(cursor=cursor, cache_mode="bypass")
+        assert (await client.list_tools(cache_mode="bypass")).tools  # the session goes on
+    assert refused.value.error.code == INVALID_PARAMS
+    assert "invalid cursor" in refused.value.error.message
