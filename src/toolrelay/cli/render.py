@@ -17,6 +17,7 @@ The one place the CLI's output is decided (docs/cli.md is its contract):
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -366,6 +367,26 @@ def _clean(text: str) -> str:
     return "".join(out)
 
 
+# What a terminal acts on or reorders: controls (DEL and C1, which JSON leaves raw: U+009B is
+# CSI, U+009D OSC), bidi and other format characters, line and paragraph separators.
+_ACTS_ON_A_TERMINAL = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def _json(value: Any, **options: Any) -> str:
+    """JSON as ``--output json|jsonl`` prints it: text as it is, but what a terminal would act
+    on as a ``\\uXXXX`` escape (an agent's input and reason reach ``invocations show``): the
+    same JSON values for a script, nothing that drives the terminal of a person reading."""
+    return _NOT_PRINTABLE_ASCII.sub(_escaped, json.dumps(value, ensure_ascii=False, **options))
+
+
+_NOT_PRINTABLE_ASCII = re.compile("[^\x00-\x7e]")  # JSON has escaped \x00-\x1f already
+
+
+def _escaped(match: re.Match[str]) -> str:
+    ch = match[0]
+    return json.dumps(ch)[1:-1] if unicodedata.category(ch) in _ACTS_ON_A_TERMINAL else ch
+
+
 def _size(n: int) -> str:
     """Bytes for people, in powers of 1000: 950 B, 47.6 MB."""
     if n < 1000:
@@ -424,7 +445,7 @@ def listing(
         doc: dict[str, Any] = {"items": [record(s, row) for row in rows]}
         if paged:
             doc["next_cursor"] = next_cursor
-        typer.echo(json.dumps(doc, ensure_ascii=False, indent=2))
+        typer.echo(_json(doc, indent=2))
     if paged and next_cursor is not None and output is not Output.json:
         err_console.print(  # never wrapped: the cursor is copied
             f"next page: --cursor {next_cursor}", markup=False, highlight=False, soft_wrap=True
@@ -435,7 +456,7 @@ def detail(s: Shape, row: Any, output: Output) -> None:
     """Print one object: JSON, or a ``field  value`` table (lists of objects follow it, each
     as a table of its own)."""
     if output is Output.json:
-        typer.echo(json.dumps(record(s, row), ensure_ascii=False, indent=2))
+        typer.echo(_json(record(s, row), indent=2))
         return
     if output is Output.jsonl:
         typer.echo(_line(record(s, row)))
@@ -451,7 +472,7 @@ def detail(s: Shape, row: Any, output: Output) -> None:
 
 
 def _line(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return _json(obj, separators=(",", ":"))
 
 
 GAP = 2  # spaces between columns

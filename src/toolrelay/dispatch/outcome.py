@@ -83,10 +83,18 @@ class Outcome:
         )
 
 
+# A socket address as asyncio words a failed connection: ('10.0.0.5', 443), or
+# ('fd00::5', 443, 0, 0); one per address tried after "Multiple exceptions:".
+_SOCKET_ADDRESS = re.compile(r"\('[^'\s]*', \d+(?:, \d+, \d+)?\)")
+ADDRESS_WITHHELD = "(address in the attempt history)"
+
+
 def _for_agent(code: str, message: str) -> tuple[str, str | None]:
-    """The agent's message and the owner's detail (None when they are the same)."""
-    public = AGENT_MESSAGES.get(code)
-    return (message, None) if public is None else (public, message)
+    """The agent's message and the owner's detail (None when they are the same). A host
+    the allow-list names may resolve to an internal address: the agent reads the message
+    without the addresses connected to, the owner the whole of it."""
+    public = AGENT_MESSAGES.get(code) or _SOCKET_ADDRESS.sub(ADDRESS_WITHHELD, message)
+    return (message, None) if public == message else (public, message)
 
 
 # --- scrubbing ------------------------------------------------------------------------------

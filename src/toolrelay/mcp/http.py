@@ -373,7 +373,7 @@ def _opens_session(request: Request, body: bytes) -> bool:
         return False
     try:
         message = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # too deep: the SDK answers the parse error
         return False
     return isinstance(message, dict) and message.get("method") == "initialize"
 
@@ -384,7 +384,7 @@ def _tool_calls(body: bytes) -> tuple[bool, bool]:
     whose token may be checked by its call."""
     try:
         message = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep (not a 500)
         return False, False  # the SDK answers a parse error
     messages = message if isinstance(message, list) else [message]
     holds = any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)

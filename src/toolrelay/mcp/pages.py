@@ -39,7 +39,7 @@ def after_key(cursor: str | None) -> str | None:
         version, key = json.loads(raw)
         if version != CURSOR_VERSION or not isinstance(key, str):
             raise ValueError(version)
-    except (binascii.Error, ValueError, TypeError):
+    except (binascii.Error, ValueError, TypeError, RecursionError):  # nested too deep too
         raise MCPError(INVALID_PARAMS, f"invalid cursor: {cursor[:80]!r}") from None
     return key
 

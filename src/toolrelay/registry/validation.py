@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from functools import lru_cache
@@ -34,6 +35,17 @@ MAX_JSON_DEPTH = 100
 # (JSON's "\ud800"; json.loads pairs the others into one character).
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 UNSTORABLE_SAYS = "a NUL (U+0000) or an unpaired surrogate (U+D800 to U+DFFF)"
+# Python's JSON parser reads NaN, Infinity and 1e400 (as infinity); JSON and jsonb hold none.
+NOT_FINITE_SAYS = "NaN, Infinity or a number too large for a double (such as 1e400)"
+
+
+def _unstorable(value: Any) -> str | None:
+    """What PostgreSQL's jsonb cannot hold in a scalar (a string or a number); None: fine."""
+    if isinstance(value, str):
+        return UNSTORABLE_SAYS if UNSTORABLE.search(value) else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return NOT_FINITE_SAYS
+    return None
 
 
 def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -44,10 +56,9 @@ def nested_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
 
 def _walk(value: Any, limit: int, strings: bool) -> str | None:
     """What is wrong with a JSON value: nesting deeper than ``limit``, or (``strings``) a
-    character in a string or key that PostgreSQL cannot store. None: nothing."""
+    character in a string or key, or a number, that PostgreSQL cannot store. None: nothing."""
     if not isinstance(value, dict | list):
-        unstorable = strings and isinstance(value, str) and UNSTORABLE.search(value)
-        return UNSTORABLE_SAYS if unstorable else None
+        return _unstorable(value) if strings else None
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
@@ -62,8 +73,8 @@ def _walk(value: Any, limit: int, strings: bool) -> str | None:
                 if level >= limit:
                     return f"arrays and objects nested more than {limit} levels deep"
                 stack.append((child, level + 1))
-            elif strings and isinstance(child, str) and UNSTORABLE.search(child):
-                return UNSTORABLE_SAYS
+            elif strings and (problem := _unstorable(child)) is not None:
+                return problem
     return None
 
 
