@@ -14,7 +14,7 @@ import pytest
 
 from tests.credentials.conftest import dispatcher_pool
 from tests.credentials.helpers import oauth_secret
-from tests.credentials.token_server import TokenServer
+from tests.credentials.token_server import SplitAnswer, TokenServer
 from toolrelay.credentials import CredentialResolver, CredentialStore, Keyring
 from toolrelay.db import Database
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
@@ -316,3 +316,32 @@ async def test_a_lifetime_no_datetime_can_take_is_read_as_sane(
         assert expires_at is not None
         left = (expires_at - datetime.now(UTC)).total_seconds()
         assert lifetime - 60 < left <= lifetime
+
+
+# A token endpoint's answer may reach the socket in more than one piece (TLS records, chunked
+# transfer, a JSON serializer that streams): a response with an ID token and a rotated
+# refresh token is several KiB. Reading only the first piece called a valid answer "not a
+# JSON object", and the refresh token the server had just rotated was lost with it: the next
+# refresh sent the old one (invalid_grant), and the credential needed re-authorization.
+async def test_an_answer_arriving_in_pieces_is_read_whole_and_its_rotation_kept(
+    store: CredentialStore,
+    resolver: CredentialResolver,
+    database: Database,
+    owner_a: UUID,
+    http: aiohttp.ClientSession,
+) -> None:
+    answer = {"access_token": "access-1", "token_type": "Bearer", "expires_in": 3600,
+              "refresh_token": "refresh-rotated", "id_token": "h." + "x" * 3000 + ".s"}  # fmt: skip
+    server = SplitAnswer(json.dumps(answer).encode())
+    await server.start()
+    try:
+        secret = oauth_secret(server.url("/token"), "client-1", "client-secret", "refresh-first")
+        cid = store.add(owner_a, "oauth", "split", json.dumps(secret), [HOST])
+        expire(database, cid)
+        assert await resolver.resolve(cid, HOST, 443, http) == "access-1"
+        assert not server.cut
+        expire(database, cid)
+        await resolver.resolve(cid, HOST, 443, http)
+        assert [f["refresh_token"] for f in server.forms] == ["refresh-first", "refresh-rotated"]
+    finally:
+        await server.close()

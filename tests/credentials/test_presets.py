@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.credentials.token_server import SplitAnswer
 from toolrelay.credentials import connect as flow
 from toolrelay.credentials.token_endpoint import TokenRejected, request_token
 from toolrelay.errors import InvalidArgument
@@ -94,3 +95,26 @@ async def test_slack_errors_with_http_200_are_refusals(slack_like: str) -> None:
         with pytest.raises(TokenRejected) as refused:
             await request_token(http, slack_like, {"code": "x"}, retry_delays=())
     assert refused.value.oauth_error == "invalid_code"
+
+
+async def test_a_discovery_document_arriving_in_pieces_is_read_whole() -> None:
+    """A provider's discovery document (or JWKS: Microsoft's is over 10 KiB) may reach the
+    socket in several pieces; the first alone was "not JSON" and the connect failed."""
+    server = SplitAnswer(b"")
+    await server.start()
+    try:
+        issuer = server.url("")
+        server.body = json.dumps({
+            "issuer": issuer, "authorization_endpoint": f"{issuer}/authorize",
+            "token_endpoint": f"{issuer}/token", "jwks_uri": f"{issuer}/jwks",
+            "pad": "x" * 4000}).encode()  # fmt: skip
+        async with aiohttp.ClientSession() as http:
+            found = await flow.endpoints(http, flow.Connection(flow.preset("oidc"), "app",
+                                                               issuer=issuer))  # fmt: skip
+        assert (found.token, found.jwks_uri, server.cut) == (
+            f"{issuer}/token",
+            f"{issuer}/jwks",
+            False,
+        )
+    finally:
+        await server.close()

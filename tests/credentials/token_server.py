@@ -1,10 +1,12 @@
-"""A real OAuth token endpoint on 127.0.0.1 for the tests (aiohttp.web)."""
+"""A real OAuth token endpoint on 127.0.0.1 for the tests (aiohttp.web), and a raw server
+whose answers arrive in two pieces."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from typing import Any
+from urllib.parse import parse_qsl
 
 import jwt
 from aiohttp import web
@@ -105,3 +107,60 @@ class TokenServer:
         if self.expires_in is not None:
             body["expires_in"] = self.expires_in
         return body
+
+
+class SplitAnswer:
+    """A raw HTTP server on 127.0.0.1 that answers every request with ``body`` in two pieces:
+    the head and the first ``first`` bytes, then the rest only once the client shows it is
+    still waiting (it has not closed within ``HOLD_S``). A client that takes the first piece
+    for the whole body closes at once and never gets the rest (``cut`` says so). The hold
+    only decides when the rest is sent, never whether a client that reads to the end gets it.
+    """
+
+    HOLD_S = 1.0
+
+    def __init__(self, body: bytes, first: int = 16, content_type: str = "application/json"):
+        self.body, self.first, self.content_type = body, first, content_type
+        self.cut = False  # the client closed after the first piece
+        self.forms: list[dict[str, str]] = []  # each request's form body
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def url(self, path: str) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}{path}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            self.forms.append(dict(parse_qsl((await reader.readexactly(length)).decode())))
+            head = (
+                f"HTTP/1.1 200 OK\r\nContent-Type: {self.content_type}\r\n"
+                f"Content-Length: {len(self.body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            writer.write(head + self.body[: self.first])
+            await writer.drain()
+            try:
+                closed = await asyncio.wait_for(reader.read(1), self.HOLD_S) == b""
+            except TimeoutError:
+                closed = False
+            if closed:
+                self.cut = True
+                return
+            writer.write(self.body[self.first :])
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            self.cut = True
+        finally:
+            writer.close()

@@ -31,6 +31,7 @@ from toolrelay.dispatch.egress import (
     make_connector,
     unwrap_egress_error,
 )
+from toolrelay.dispatch.http import SendSpec, outbound_session, send
 from toolrelay.errors import ConfigurationError, EgressBlocked
 
 
@@ -62,6 +63,7 @@ async def connect_log(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 class Server:
     port: int
     hits: list[str] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
 
 
 StartServer = Callable[..., Awaitable[Server]]
@@ -77,6 +79,7 @@ async def start_server() -> AsyncIterator[StartServer]:
 
         async def handle(request: web.Request) -> web.StreamResponse:
             record.hits.append(str(request.url))
+            record.headers.append(dict(request.headers))
             if redirect_to is not None:
                 raise web.HTTPFound(redirect_to)
             return web.Response(text="ok")
@@ -462,6 +465,23 @@ async def test_redirect_to_private_ip_is_refused(
             await session.get(f"http://127.0.0.1:{origin.port}/")
     assert len(origin.hits) == 2
     assert {address[0] for address in connect_log} == {"127.0.0.1"}
+
+
+async def test_a_cross_origin_redirect_carries_no_credential(start_server: StartServer) -> None:
+    """A read follows redirects; the hop to another origin (here another port) goes without
+    the credential's header and query parameter, even where the Location repeats it."""
+    secret = "sk-0123456789abcdef"
+    target = await start_server()
+    origin = await start_server(redirect_to=f"http://127.0.0.1:{target.port}/?api_key={secret}")
+    guard = policy("127.0.0.1")
+    spec = SendSpec("GET", f"http://127.0.0.1:{origin.port}/?api_key={secret}",
+                    {"Authorization": f"Bearer {secret}"}, None, 5, 5, 1000, True,
+                    secret_headers=frozenset({"authorization"}), secret_query="api_key")  # fmt: skip
+    async with outbound_session(make_connector(guard)) as session:
+        assert (await send(session, guard, spec)).status == 200
+    assert origin.headers[0]["Authorization"] == f"Bearer {secret}"
+    assert secret in origin.hits[0]
+    assert [secret in str(target.headers[0]), secret in target.hits[0]] == [False, False]
 
 
 async def test_redirect_to_unallowed_loopback_is_refused(

@@ -126,6 +126,33 @@ async def test_429_with_retry_after_is_retried_after_the_delay(
     assert [a["status_code"] for a in inv["attempts"]] == [429, 201]
 
 
+@pytest.mark.parametrize(
+    ("status", "method"), [(429, "POST"), (503, "POST"), (429, "GET"), (503, "GET")]
+)
+async def test_a_retry_after_longer_than_the_cap_fails_instead_of_retrying_early(
+    registry: Registry, upstream: Upstream, drain: Drain, status: int, method: str
+) -> None:
+    """An upstream asking for an hour's pause is not asked again a moment later (it was,
+    after the backoff, as if it had said nothing: every attempt spent at once on a rate
+    limit that can get the owner's key blocked). The call fails, saying how long it asked."""
+
+    async def limited(_: web.Request, _hit: int) -> web.Response:
+        return web.json_response(
+            {"slow down": True}, status=status, headers={"Retry-After": "3600"}
+        )
+
+    upstream.routes["/limited"] = limited
+    agent, tool = agent_with_tool(
+        registry, **tool_at(upstream, "/limited", http_method=method, egress_class="read_only")
+    )
+    inv_id = registry.invoke(agent, tool["key"], {})
+    await drain()
+    inv = registry.get_invocation(inv_id)
+    assert (inv["status"], inv["error_code"]) == ("failed", "http_error")
+    assert upstream.hits["/limited"] == 1
+    assert "Retry-After 3600 s" in inv["error"], inv["error"]
+
+
 async def test_hanging_upstream_ends_in_a_timeout(
     registry: Registry, upstream: Upstream, drain: Drain
 ) -> None:

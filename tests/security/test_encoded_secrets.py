@@ -4,8 +4,8 @@ The secret holds ``+ / = & % " \\ é``, so nearly every encoding changes it. It 
 the query and in a header. One loopback upstream echoes what it received in each encoded
 form, in a JSON answer (the output), in an error body (the error), and cut in half by the
 error's trim; another answers so badly that aiohttp raises errors that carry the request URL,
-query and all. The worker is the real ``toolrelay worker`` process, so its log output is what
-an operator would see. Nowhere (invocation error and output, attempt errors, the log) may the
+query and all, or quote a header line cut half-way through the credential. The worker is the
+real ``toolrelay worker`` process, so its log output is what an operator would see. Nowhere (invocation error and output, attempt errors, the log) may the
 secret appear, in any form, nor any ten characters of one.
 """
 
@@ -155,7 +155,30 @@ RAW_CASES: dict[str, bytes] = {  # complete answers; the connection is closed af
 ECHO_CASES = {  # answers that repeat the request target, query and all
     "status_echo": b"HTTP/1.1 2x0 %s" + HEAD_END,
     "redirect_echo": b"HTTP/1.1 302 Found\r\nLocation: http://[::1%s" + HEAD_END,
+    "long_line_echo": b"",  # below: the credential as sent, cut by aiohttp's quote of a line
 }
+LINE_QUOTED = 100  # bytes of a too-long header value aiohttp's error quotes (then "...")
+
+
+def long_line_echo(head: bytes) -> bytes:
+    """A header value too long to parse, holding the credential as it was sent (the header's
+    value, or the query parameter's) so that the first LINE_QUOTED bytes, which the error
+    message quotes, end half-way through it."""
+    lines = head.split(b"\r\n")
+    query = urlsplit(lines[0].split(b" ")[1].decode()).query
+    placed = next(
+        (
+            line.partition(b":")[2].strip()
+            for line in lines
+            if line.lower().startswith(b"authorization:")
+        ),
+        next(
+            (p.partition("=")[2].encode() for p in query.split("&") if p.startswith("api_key=")),
+            b"",
+        ),
+    )
+    pad = b"p" * (LINE_QUOTED - len(placed) // 2)
+    return b"HTTP/1.1 200 OK\r\nX-Echo: " + pad + placed + b"x" * 9000 + HEAD_END
 
 
 @dataclass
@@ -169,7 +192,10 @@ class Raw:
             target = head.split(b" ", 2)[1]
             case = parse_qs(urlsplit(target.decode()).query)["case"][0]
             self.seen.append(case)
-            writer.write(ECHO_CASES[case] % target if case in ECHO_CASES else RAW_CASES[case])
+            if case == "long_line_echo":
+                writer.write(long_line_echo(head))
+            else:
+                writer.write(ECHO_CASES[case] % target if case in ECHO_CASES else RAW_CASES[case])
             await writer.drain()
         writer.close()
 
@@ -260,6 +286,10 @@ async def test_a_secret_comes_back_in_no_spelling(
     errors = {label: registry.get_invocation(i)["error"] for label, (_, i) in invocations.items()}
     assert "Too many headers received" in errors["raw.query/many_headers"]
     assert "cannot be parsed" in errors["raw.query/redirect_echo"]
+    for placement in PLACEMENTS:  # said without the bytes aiohttp quotes (cut mid-secret)
+        assert errors[f"raw.{placement}/long_line_echo"] == (
+            "connection failed: 400, Got more than 8190 bytes when reading"
+        ), placement
 
 
 # --- the pieces -----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from urllib.parse import urlencode, urlsplit
 import aiohttp
 import jwt
 
-from toolrelay.credentials.token_endpoint import TokenRejected, request_token
+from toolrelay.credentials.token_endpoint import TokenRejected, read_whole, request_token
 from toolrelay.dispatch.egress import unwrap_egress_error
 from toolrelay.errors import CredentialError, EgressBlocked, InvalidArgument, ToolrelayError
 
@@ -299,7 +299,7 @@ async def _get_json(http: aiohttp.ClientSession, url: str, what: str) -> Any:
             url, allow_redirects=False, headers={"Accept": "application/json"},
             timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S),
         ) as response:  # fmt: skip
-            body = await response.content.read(MAX_DOC_BYTES + 1)
+            body = await read_whole(response, MAX_DOC_BYTES)
             status = response.status
     except (aiohttp.ClientError, TimeoutError) as exc:
         blocked = unwrap_egress_error(exc)

@@ -21,7 +21,7 @@ import aiohttp
 from toolrelay.dispatch.egress import unwrap_egress_error
 from toolrelay.errors import CredentialError
 
-__all__ = ["TokenRejected", "TokenResponse", "request_token"]
+__all__ = ["TokenRejected", "TokenResponse", "read_whole", "request_token"]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ async def _once(
             timeout=aiohttp.ClientTimeout(total=timeout),
             allow_redirects=False,
         ) as resp:
-            body = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+            body = await read_whole(resp, MAX_RESPONSE_BYTES)
             status = resp.status
     except (aiohttp.ClientError, TimeoutError) as exc:
         blocked = unwrap_egress_error(exc)
@@ -107,6 +107,16 @@ async def _once(
         shown = f" ({code})" if code else ""
         raise TokenRejected(f"token endpoint {where} refused: HTTP {status}{shown}", code)
     return _token_response(data, where)
+
+
+async def read_whole(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body to its end, or its first ``limit + 1`` bytes when it is longer. Not
+    ``read(n)``: that returns what has arrived so far, one piece of a larger body, and a
+    token answer cut there is "not JSON" (a refresh token the server just rotated lost)."""
+    try:
+        return await resp.content.readexactly(limit + 1)
+    except asyncio.IncompleteReadError as short:
+        return short.partial  # the whole body, within the limit
 
 
 def _lifetime(value: Any) -> float | None:

@@ -396,6 +396,15 @@ def on_response(row: Mapping[str, Any], response: Response, write: bool) -> Outc
     attempts_left = row["attempt"] < row["max_attempts"]
     if 200 <= status < 300:
         return completed(row, response)
+    too_long = retry.waits_too_long(response) if status in (429, 503) else None
+    if too_long is not None:
+        body = trim(response.body.decode("utf-8", "replace"))
+        return Outcome.failed(
+            "http_error",
+            f"HTTP {status} from upstream with Retry-After {too_long:g} s, longer than the"
+            f" {retry.RETRY_AFTER_CAP:g} s a call waits; not retried: {body}",
+            http_status=status,
+        )
     if attempts_left and retry.refused_unprocessed(response):
         delay = retry.retry_after(response)
         return Outcome.retry(

@@ -24,6 +24,10 @@ DESCRIBE_CHARS = 200  # of an exception's text in a message
 # be placed: everything from the ? after a /path to the next space. The last line of
 # defence; messages are built from exception parts that hold no URL in the first place.
 _URL_QUERY = re.compile(r"(/[^\s?#]*)[?#]\S*")
+# What aiohttp's parser errors quote of the answer, as a bytes literal (``Got more than 8190
+# bytes when reading: b'…'``): the upstream's bytes, which may echo the credential, cut by
+# aiohttp at 100 bytes where no scrubbing can see a whole spelling of it. Dropped.
+_WIRE_BYTES = re.compile(r"""[:\s]*\bb(['"]).*""")
 
 
 @dataclass
@@ -204,7 +208,8 @@ def describe(exc: BaseException) -> str:
     that holds a URL is used, and any URL left in the text loses its query.
     """
     if isinstance(exc, aiohttp.ClientResponseError):  # the response could not be read
-        text = f"{exc.status}, {exc.message}" if exc.message else str(exc.status)
+        said = _WIRE_BYTES.sub("", exc.message)
+        text = f"{exc.status}, {said}" if said else str(exc.status)
     elif isinstance(exc, aiohttp.ClientConnectorError):
         text = f"{exc.host}:{exc.port}: {_os_reason(exc.os_error)}"
     elif isinstance(exc, aiohttp.InvalidURL):

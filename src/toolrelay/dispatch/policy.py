@@ -25,14 +25,26 @@ def backoff(attempt: int) -> float:
 
 def retry_after(response: Response) -> float | None:
     """Seconds from a Retry-After header (delta-seconds form), if present and sane."""
+    seconds = _retry_after_seconds(response)
+    return seconds if seconds is not None and 0 <= seconds <= RETRY_AFTER_CAP else None
+
+
+def waits_too_long(response: Response) -> float | None:
+    """The Retry-After asked for, when it is longer than RETRY_AFTER_CAP: such a call fails.
+    Retrying it after the backoff instead would spend every attempt at once on an upstream
+    that asked for a pause (a rate limit that may block the owner's key)."""
+    seconds = _retry_after_seconds(response)
+    return seconds if seconds is not None and seconds > RETRY_AFTER_CAP else None
+
+
+def _retry_after_seconds(response: Response) -> float | None:
     value = response.headers.get("Retry-After") or response.headers.get("retry-after")
     if value is None:
         return None
     try:
-        seconds = float(value.strip())
+        return float(value.strip())  # nan and a negative number are not "longer"
     except ValueError:
         return None
-    return seconds if 0 <= seconds <= RETRY_AFTER_CAP else None
 
 
 def refused_unprocessed(response: Response) -> bool:
