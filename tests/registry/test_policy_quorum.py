@@ -14,21 +14,12 @@ import psycopg
 import pytest
 
 from tests.registry.helpers import agent_with_tool
+from tests.registry.test_policy_binding import GATED, INPUT, SMALL
 from toolrelay.db import Database
 from toolrelay.registry import Registry
 from toolrelay.registry.members import Members
 from toolrelay.registry.policies import Policies, Policy
 from toolrelay.tokens import Caller
-
-PAY: dict[str, Any] = {
-    "type": "object",
-    "properties": {"amount": {"type": "integer"}, "channel": {"type": "string"}},
-    "required": ["amount", "channel"],
-}
-SMALL = {"properties": {"amount": {"maximum": 100}}}
-GATED = {"egress_class": "write", "requires_approval": True, "http_method": "POST",
-         "schema_input": PAY, "endpoint_url": "https://pay.example.com/send"}  # fmt: skip
-INPUT = {"amount": 50, "channel": "ops"}
 
 
 class Team:
