@@ -10,6 +10,7 @@ from toolrelay import config, logs
 from toolrelay.cli.context import database, err_console, fail
 from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
+from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET
 from toolrelay.dispatch.worker import SUMMARY_ENV, SUMMARY_INTERVAL, WorkerSettings, run_worker
 from toolrelay.errors import ConfigurationError, ToolrelayError
 
@@ -45,6 +46,12 @@ def worker(
         envvar=SUMMARY_ENV,
         help="Seconds between summary lines at INFO (claimed, completed, failed by code, ...).",
     ),
+    answer_budget_mib: float = typer.Option(
+        DEFAULT_ANSWER_BUDGET / 2**20,
+        min=0.001,
+        help="MiB of upstream answers held parsed at once across calls; past it a call waits"
+        " before parsing its answer (a parsed JSON answer weighs 10-45x its bytes).",
+    ),
 ) -> None:
     """Run the dispatcher: claim runnable invocations, send them, record the outcome."""
     logs.configure(log_level)
@@ -72,6 +79,7 @@ def worker(
             poll_interval=poll_interval,
             sleep_protocol=sleep_protocol,
             summary_interval=summary_interval,
+            answer_budget=round(answer_budget_mib * 2**20),
         )
         url = db.url
         db.close()  # its pool (and the pool's threads) is not used from here on

@@ -26,6 +26,7 @@ from jsonschema.exceptions import best_match
 from yarl import URL
 
 from toolrelay.dispatch import policy as retry
+from toolrelay.dispatch.budget import AnswerBudget
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
 from toolrelay.dispatch.outcome import HANDED_BACK, Outcome, scrub, storable, trim
@@ -88,6 +89,7 @@ class Attempt:
     started: float = field(default_factory=time.monotonic)
     status_code: int | None = None
     request: SentRequest | None = None
+    held: int = 0  # bytes of the answer budget this call holds until its result is recorded
 
     def record(self, row: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
         sent = self.request
@@ -115,6 +117,7 @@ class Executor:
     egress: EgressPolicy
     resolve_credential: Resolve
     before_send: Callable[[Mapping[str, Any]], Awaitable[bool]]
+    budget: AnswerBudget | None = None  # the worker's (budget.py); the caller gives back
 
     async def run(self, row: Mapping[str, Any], attempt: Attempt) -> tuple[Outcome, list[str]]:
         """Returns the outcome and the secret values to scrub from what is recorded."""
@@ -176,6 +179,8 @@ class Executor:
                 attempt.request = None
             raise
         attempt.status_code = response.status
+        if self.budget is not None:  # before parsing: the parsed answer is what weighs
+            attempt.held = await self.budget.take(len(response.body))
         return on_response(row, response, write)
 
     def _build(self, row: Mapping[str, Any], rendered: RenderedRequest) -> SendSpec:

@@ -39,6 +39,7 @@ from toolrelay.credentials import CredentialResolver, Keyring
 from toolrelay.credentials.keys import KEY_ENV, KEY_FILE_ENV
 from toolrelay.db.queries import load
 from toolrelay.dispatch.batcher import Batcher
+from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, AnswerBudget
 from toolrelay.dispatch.egress import ALLOW_ENV, EgressPolicy, make_connector
 from toolrelay.dispatch.executor import Attempt, Executor, precheck
 from toolrelay.dispatch.http import outbound_session
@@ -120,6 +121,8 @@ class WorkerSettings:
     sleep_protocol: bool = True
     # Seconds between summary lines at INFO (default: TOOLRELAY_SUMMARY_INTERVAL, else 60).
     summary_interval: float = field(default_factory=_summary_interval_from_env)
+    # Bytes of upstream answers held read and parsed at once, across calls (budget.py).
+    answer_budget: int = DEFAULT_ANSWER_BUDGET
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -128,6 +131,8 @@ class WorkerSettings:
             raise ValueError("lease_seconds must be positive")
         if not self.summary_interval > 0:
             raise ValueError("summary_interval must be positive")
+        if self.answer_budget < 1:
+            raise ValueError("answer_budget must be at least 1 byte")
         self.worker_id = (
             self.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
@@ -147,6 +152,7 @@ class Worker:
         self.resolver: CredentialResolver | None = None
         self.egress = egress or EgressPolicy.from_env()
         self.metrics = Metrics()
+        self.budget = AnswerBudget(settings.answer_budget)  # dispatch/budget.py
         # Set by a notification, a (re)connected listener, stop(), a lapsed registration.
         self.wakeup = asyncio.Event()
         self.freed = asyncio.Event()  # a call in flight finished: a slot is free
@@ -204,7 +210,9 @@ class Worker:
                 self.metrics, "127.0.0.1", self.settings.metrics_port
             )
         async with outbound_session(connector) as session:
-            self.executor = Executor(session, self.egress, self._resolve, self._before_send)
+            self.executor = Executor(
+                session, self.egress, self._resolve, self._before_send, self.budget
+            )
             self._adopting = Batcher(self._flush_adopted)
             self._registering = asyncio.create_task(self._registration())
             side = [
@@ -442,6 +450,12 @@ class Worker:
 
     async def _handle(self, row: Row, limit: asyncio.Semaphore | None) -> None:
         attempt = Attempt()
+        try:
+            await self._attempt(row, limit, attempt)
+        finally:  # recorded, handed back or left to its lease: its answer is no longer held
+            self.budget.give_back(attempt.held)
+
+    async def _attempt(self, row: Row, limit: asyncio.Semaphore | None, attempt: Attempt) -> None:
         try:
             try:
                 async with limit if limit is not None else contextlib.nullcontext():
