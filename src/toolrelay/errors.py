@@ -156,6 +156,12 @@ class NoEndpoint(InvocationError):
     code = "no_endpoint"
 
 
+class TooManyPending(InvocationError):
+    """The agent already has as many calls waiting for approval as it may (migration 0049)."""
+
+    code = "too_many_pending"
+
+
 class DispatchError(InvocationError):
     """The worker failed on this call itself (a bug): recorded at once, not sent again."""
 

@@ -41,6 +41,7 @@ RETRY_SOON = {"Retry-After": "1"}  # the database may be back in a moment
 STATUS_BY_ERROR: tuple[tuple[type[errors.ToolrelayError], int], ...] = (
     (Unauthenticated, 401),
     (RateLimited, 429),
+    (errors.TooManyPending, 429),
     (PayloadTooLarge, 413),
     (errors.NotFound, 404),
     (errors.PermissionDenied, 403),

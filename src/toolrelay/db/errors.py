@@ -23,6 +23,7 @@ _BY_SQLSTATE: dict[str, type[errors.ToolrelayError]] = {
     "TR004": errors.ApprovalExpired,
     "TR005": errors.NoEndpoint,
     "TR006": errors.Unauthenticated,  # agents.check_token (migration 0039)
+    "TR007": errors.TooManyPending,  # agents.tg_pending_per_agent (migration 0049)
 }
 
 
