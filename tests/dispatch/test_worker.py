@@ -279,6 +279,29 @@ async def test_response_pointer_and_output_mismatch(
     assert "42 is not of type 'string'" in inv["output_mismatch"]
 
 
+async def test_an_output_mismatch_quoting_a_large_answer_is_trimmed(
+    registry: Registry, upstream: Upstream, drain: Drain
+) -> None:
+    """jsonschema's message quotes the whole value that failed: a 1 MB answer where an
+    object was expected made a 1 MB output_mismatch, stored beside the output itself."""
+    big = ["x" * 100] * 10_000
+
+    async def listing(_: web.Request, _hit: int) -> web.Response:
+        return web.json_response(big)
+
+    upstream.routes["/big"] = listing
+    agent, tool = agent_with_tool(
+        registry, **tool_at(upstream, "/big", schema_output={"type": "object"})
+    )
+    inv_id = registry.invoke(agent, tool["key"], {})
+    await drain()
+    inv = registry.get_invocation(inv_id)
+    assert (inv["status"], inv["output"]) == ("completed", big)
+    mismatch = inv["output_mismatch"]
+    assert mismatch.startswith("output at (root): ['xxx")
+    assert mismatch.endswith("is not of type 'object'") and len(mismatch) <= 600, len(mismatch)
+
+
 async def test_non_2xx_fails_with_status_and_trimmed_body(
     registry: Registry, upstream: Upstream, drain: Drain
 ) -> None:

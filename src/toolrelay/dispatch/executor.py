@@ -136,7 +136,7 @@ class Executor:
         outcome.detail = storable(scrub(outcome.detail, secrets))
         outcome.output = scrub(outcome.output, secrets)
         # jsonschema quotes the offending value: a secret echoed into a bad field shows there
-        outcome.output_mismatch = storable(scrub(outcome.output_mismatch, secrets))
+        outcome.output_mismatch = storable(shortened(scrub(outcome.output_mismatch, secrets)))
         if attempt.request is not None:
             attempt.request = attempt.request.scrubbed(secrets)
         return outcome, secrets
@@ -467,6 +467,9 @@ def completed(row: Mapping[str, Any], response: Response) -> Outcome:
     )
 
 
+MISMATCH_CHARS = 500  # of an output_mismatch message, besides the note of what was cut
+
+
 class NotStorable(ValueError):
     """A JSON number no JSON document (nor jsonb) can hold once Python has read it."""
 
@@ -532,3 +535,13 @@ def schema_mismatch(schema: Mapping[str, Any], output: Any) -> str | None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"
     return f"output at {where}: {error.message}"
+
+
+def shortened(message: str | None) -> str | None:
+    """A mismatch message of at most MISMATCH_CHARS (and a note of what was cut): jsonschema
+    quotes the whole value that failed (a 1 MB answer); where and why are kept. Cut after
+    scrubbing, so that no cut leaves part of a secret no scrub can recognise."""
+    if message is None or len(message) <= MISMATCH_CHARS:
+        return message
+    head, tail = MISMATCH_CHARS * 3 // 5, MISMATCH_CHARS * 2 // 5
+    return f"{message[:head]} … ({len(message) - head - tail:,} characters) … {message[-tail:]}"
