@@ -323,3 +323,14 @@ def test_scrub_knows_every_spelling_in_either_hex_case() -> None:
     placed = "Bearer " + SECRET
     assert scrub({"h": placed, placed: 1}, [SECRET, placed]) == {"h": REDACTED, REDACTED: 1}
     assert scrub("ab", ["ab"]) == "ab"  # too short to scrub without redacting ordinary text
+
+
+def test_a_secret_of_digits_echoed_as_a_json_number_is_scrubbed() -> None:
+    """A PIN or account number used as the credential comes back as a number as readily as
+    a string: {"pin": 8675309123}. Numbers are scrubbed when a secret could be one."""
+    pin = "8675309123"
+    assert scrub({"pin": 8675309123, "in": [48675309123.5], "n": 42}, [pin]) == {
+        "pin": REDACTED, "in": [f"4{REDACTED}.5"], "n": 42,
+    }  # fmt: skip
+    assert scrub({"n": 8675309123}, [SECRET]) == {"n": 8675309123}  # no secret of digits
+    assert scrub({"b": True}, ["True"]) == {"b": True}  # JSON's true is not a number

@@ -143,6 +143,7 @@ def _form_pattern(form: str) -> str:
 class _Scrubber:
     pattern: re.Pattern[str]  # every spelling of every secret, longest first
     starts: tuple[str, ...]  # the spellings (also with lower-case hex) for cut-off starts
+    numbers: bool = False  # a secret of digits: JSON numbers may spell it too
 
     def __call__(self, text: str) -> str:
         if self.pattern.search(text) is not None:  # rare: a search is cheaper than a sub
@@ -167,6 +168,7 @@ def _scrubber(secrets: tuple[str, ...]) -> _Scrubber:
     return _Scrubber(
         pattern=re.compile("|".join(map(_form_pattern, ordered))),
         starts=tuple(sorted(set(ordered) | lower, key=len, reverse=True)),
+        numbers=any(_DIGITS.fullmatch(s) for s in secrets),
     )
 
 
@@ -179,9 +181,16 @@ def scrub(value: Any, secrets: Iterable[str]) -> Any:
     return _scrub(value, _scrubber(known))
 
 
+_DIGITS = re.compile(r"[0-9]+")
+
+
 def _scrub(value: Any, scrubber: _Scrubber) -> Any:
     if isinstance(value, str):
         return scrubber(value)
+    if scrubber.numbers and isinstance(value, int | float) and not isinstance(value, bool):
+        text = str(value)  # a PIN echoed back as a number: the number becomes the text
+        scrubbed = scrubber(text)
+        return value if scrubbed == text else scrubbed
     if isinstance(value, list):
         return [_scrub(v, scrubber) for v in value]
     if isinstance(value, dict):
