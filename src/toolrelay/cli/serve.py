@@ -10,6 +10,7 @@ from toolrelay import config, logs
 from toolrelay.cli.context import database, err_console, fail
 from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
+from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.worker import WorkerSettings
 from toolrelay.errors import ConfigurationError, ToolrelayError
@@ -29,6 +30,12 @@ def serve(
     ),
     concurrency: int = typer.Option(64, min=1, help="The in-process worker's calls in flight."),
     lease_seconds: float = typer.Option(30.0, min=1, help="The worker's lease length."),
+    answer_budget_mib: float = typer.Option(
+        DEFAULT_ANSWER_BUDGET / 2**20,
+        min=0.001,
+        help="The in-process worker's MiB of upstream answers held parsed at once (worker"
+        " --answer-budget-mib).",
+    ),
     proxy_headers: bool = typer.Option(
         False, help="Trust X-Forwarded-* from 127.0.0.1 (behind a TLS-terminating proxy)."
     ),
@@ -65,7 +72,11 @@ def serve(
             egress=EgressPolicy.from_env(),
             jwt_secret=os.environ.get(JWT_SECRET_ENV) or None,
             run_worker=not no_worker,
-            worker=WorkerSettings(concurrency=concurrency, lease_seconds=lease_seconds),
+            worker=WorkerSettings(
+                concurrency=concurrency,
+                lease_seconds=lease_seconds,
+                answer_budget=round(answer_budget_mib * 2**20),
+            ),
         )
         app = create_app(settings)
     except ToolrelayError as exc:
