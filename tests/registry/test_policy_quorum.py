@@ -151,3 +151,14 @@ def test_a_confirmation_counts_while_its_admin_is_one(
     standing = team.rule(rule.id)
     assert (standing.confirmations, standing.in_force) == (1, False)
     assert team.status(team.call()) == "pending"
+
+
+def test_an_agent_reads_nothing_of_a_rule(registry: Registry, db: Database) -> None:
+    team = Team(registry, db, is_dangerous=True)
+    rule = team.policies.add(team.alice, "pay.send", "small payments", "approve", SMALL)
+    bot = registry.get_agent("bot")["id"]
+    with db.as_owner(team.owner, agent_id=bot) as conn:
+        seen = conn.execute("SELECT * FROM agents.policy_standing(%s)", (rule.id,)).fetchone()
+        confirmations = conn.execute("SELECT count(*) AS n FROM agents.policy_confirmations")
+        assert confirmations.fetchone() == {"n": 0}
+    assert seen == {"confirmations": None, "needed": None, "in_force": None}

@@ -80,7 +80,7 @@ CREATE TRIGGER tool_policies_confirmed_by_adder AFTER INSERT ON agents.tool_poli
 -- Where a rule stands: how many confirmations count for the tool as it is, how many its
 -- calls need, and whether it decides calls now (a rejection rule always does). Runs as
 -- definer so that every member reads the same answer (the editor is in the audit log,
--- which only admins read); a rule of another tenant reads as NULLs.
+-- which only admins read); a rule of another tenant, or asked by an agent, reads as NULLs.
 CREATE FUNCTION agents.policy_standing(
     p_policy_id uuid, OUT confirmations integer, OUT needed integer, OUT in_force boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog
@@ -92,7 +92,8 @@ DECLARE
     v_editor uuid;
 BEGIN
     SELECT * INTO p FROM agents.tool_policies r
-     WHERE r.id = p_policy_id AND (auth.uid() IS NULL OR r.owner = auth.uid());
+     WHERE r.id = p_policy_id AND (auth.uid() IS NULL OR r.owner = auth.uid())
+       AND agents.caller_agent_id() IS NULL;  -- agents read no rules (0028's policies)
     SELECT * INTO t FROM agents.tools_registry r WHERE r.id = p.tool_id;
     IF NOT FOUND THEN
         RETURN;
