@@ -251,3 +251,29 @@ def test_an_edit_made_with_the_tenant_token_names_no_editor(
     assert status(registry, call) == "pending"
     alice.approve(call)
     assert status(registry, call) == "running"
+
+
+@pytest.mark.parametrize("leaves", ["removed", "made a viewer"])
+def test_an_approval_counts_while_its_approver_may_approve(
+    registry: Registry, db: Database, leaves: str
+) -> None:
+    """Ann approves a dangerous call, then leaves the team (or may no longer approve): a
+    removal takes effect on the member's next statement, and on the approvals they left on
+    calls still waiting. Bob's approval is then one of two, not the second."""
+    ann, bob, cid = team(registry, db, "approver", "approver", "approver")
+    agent_with_tool(registry, key="bank.pay", is_dangerous=True, **GATED)
+    call = registry.invoke("bot", "bank.pay", {"text": "100"})
+    ann.approve(call)
+    assert ann.member_id is not None
+    if leaves == "removed":
+        Members(db).remove(registry.owner, ann.member_id)
+    else:
+        Members(db).set_role(registry.owner, ann.member_id, "viewer")
+    (queued,) = registry.review_queue()
+    assert (queued["approvals_given"], queued["approvals_needed"]) == (0, 2)
+    (kept,) = registry.get_invocation(call)["approvals"]  # the record stays, marked
+    assert (kept["member_id"], kept["counts"]) == (str(ann.member_id), False)
+    bob.approve(call)
+    assert status(registry, call) == "pending"  # one of two: Ann's no longer counts
+    cid.approve(call)
+    assert status(registry, call) == "running"

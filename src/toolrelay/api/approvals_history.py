@@ -92,7 +92,11 @@ def detail(invocation_id: UUID, request: Request, context: Ctx) -> Response:
     preview = preview_request(pending) if pending is not None else None  # as its card shows
     names = _names(context, caller)
     approvals = [
-        {"who": names.get(UUID(str(a["member_id"])), str(a["member_id"])), "at": a["approved_at"]}
+        {
+            "who": names.get(UUID(str(a["member_id"])), str(a["member_id"])),
+            "at": a["approved_at"],
+            "counts": a.get("counts", True),
+        }
         for a in row.get("approvals") or []
     ]
     return _html(

@@ -329,6 +329,11 @@ class InvocationOut(BaseModel):
 class ApprovalOut(BaseModel):
     member_id: UUID = Field(description="The approver (the tenant's uuid: the tenant itself).")
     approved_at: datetime
+    counts: bool = Field(
+        True,
+        description="Whether it counts toward the quorum: false once its member was removed or"
+        " may no longer approve (docs/approvals.md).",
+    )
 
 
 class InvocationDetail(InvocationOut):

@@ -57,7 +57,13 @@ _REVIEW_QUEUE = """
 SELECT q.*,
        -- the tenant's own token, where it approves nothing (migration 0040)
        agents.caller_member_id() IS NULL AND q.approvals_needed IS NOT NULL
-           AND agents.approvers_told_apart(auth.uid(), q.approvals_needed) AS approve_as_member
+           AND agents.approvers_told_apart(auth.uid(), q.approvals_needed) AS approve_as_member,
+       -- a quorum in progress (migration 0026): how many approvals count (0050: of members
+       -- who may still approve)
+       (SELECT count(*) FROM agents.invocation_approvals p
+         WHERE p.invocation_id = q.id
+           AND agents.approval_counts(auth.uid(), p.member_id, q.approvals_needed))
+           AS approvals_given
   FROM (
 SELECT i.id, i.input, i.reason, i.created_at, i.approval_expires_at, i.agent_id,
        coalesce(a.name, i.deleted_agent_name) AS agent_name,
@@ -67,10 +73,7 @@ SELECT i.id, i.input, i.reason, i.created_at, i.approval_expires_at, i.agent_id,
        t.auth_placement, t.auth_param_name, t.auth_param_prefix, t.credential_ref,
        t.idempotency_header, t.egress_class, t.is_dangerous,
        agents.tool_fingerprint(t) IS DISTINCT FROM i.config_fingerprint AS tool_changed,
-       -- a quorum in progress (migration 0026): how many approved, how many it needs,
-       -- and whether the caller is one of them
-       (SELECT count(*) FROM agents.invocation_approvals p WHERE p.invocation_id = i.id)
-           AS approvals_given,
+       -- how many approvals the call needs, and whether the caller gave one
        CASE WHEN t.id IS NOT NULL THEN agents.approvals_needed(t) END AS approvals_needed,
        EXISTS (SELECT 1 FROM agents.invocation_approvals p WHERE p.invocation_id = i.id
                   AND p.member_id = coalesce(agents.caller_member_id(), auth.uid()))
@@ -132,10 +135,12 @@ _ONE_INVOCATION_FROM = (
 # For owners, the approvals a call has and needs (migration 0026): not on an agent's reads,
 # which the wait paths make on every wake.
 _ONE_INVOCATION = "SELECT i.*," + _ONE_INVOCATION_FROM
-_OWNER_INVOCATION = (
+_OWNER_INVOCATION = (  # each approval says whether it counts (0050: its member may approve)
     "SELECT i.*, (SELECT coalesce(jsonb_agg(jsonb_build_object('member_id', p.member_id,"
-    " 'approved_at', p.approved_at) ORDER BY p.approved_at, p.member_id), '[]')"
-    " FROM agents.invocation_approvals p WHERE p.invocation_id = i.id) AS approvals,"
+    " 'approved_at', p.approved_at, 'counts', agents.approval_counts(i.owner, p.member_id,"
+    " n.needed)) ORDER BY p.approved_at, p.member_id), '[]')"
+    " FROM agents.invocation_approvals p, (SELECT agents.approvals_needed(t) AS needed) n"
+    " WHERE p.invocation_id = i.id) AS approvals,"
     " CASE WHEN i.status = 'pending' AND t.id IS NOT NULL"
     " THEN agents.approvals_needed(t) END AS approvals_needed," + _ONE_INVOCATION_FROM
 )

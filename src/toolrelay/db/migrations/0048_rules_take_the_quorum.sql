@@ -77,6 +77,22 @@ REVOKE EXECUTE ON FUNCTION agents.tg_tool_policies_confirmed_by_adder() FROM PUB
 CREATE TRIGGER tool_policies_confirmed_by_adder AFTER INSERT ON agents.tool_policies
     FOR EACH ROW EXECUTE FUNCTION agents.tg_tool_policies_confirmed_by_adder();
 
+-- Whether an approval (or a rule's confirmation) by p_member counts toward p_needed: while
+-- the member has one of p_roles in the tenant (not once removed or given another role); the
+-- tenant's own, only where approvers need not be told apart (0040).
+CREATE FUNCTION agents.approval_counts(
+    p_owner uuid, p_member uuid, p_needed integer, p_roles text[] DEFAULT '{admin,approver}')
+RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog
+AS $$
+    SELECT CASE WHEN p_member = p_owner THEN NOT agents.approvers_told_apart(p_owner, p_needed)
+                ELSE EXISTS (SELECT 1 FROM agents.members m
+                              WHERE m.id = p_member AND m.owner = p_owner
+                                AND m.removed_at IS NULL AND m.role = ANY (p_roles)) END
+$$;
+GRANT EXECUTE ON FUNCTION agents.approval_counts(uuid, uuid, integer, text[])
+    TO authenticated, service_role;  -- the approvals page's "1 of 2"
+
 -- Where a rule stands: how many confirmations count for the tool as it is, how many its
 -- calls need, and whether it decides calls now (a rejection rule always does). Runs as
 -- definer so that every member reads the same answer (the editor is in the audit log,
@@ -99,16 +115,11 @@ BEGIN
         RETURN;
     END IF;
     needed := agents.approvals_needed(t);
-    -- Confirmations of admins who still are (a rule outlives its confirmers' roles), and
-    -- the tenant's own where approvers need not be told apart.
+    -- Confirmations of admins who still are (a rule outlives its confirmers' roles)
     v_counted := ARRAY(
         SELECT c.member_id FROM agents.policy_confirmations c
          WHERE c.policy_id = p.id AND c.tool_fingerprint = agents.tool_fingerprint(t)
-           AND CASE WHEN c.member_id = t.owner
-                    THEN NOT agents.approvers_told_apart(t.owner, needed)
-                    ELSE EXISTS (SELECT 1 FROM agents.members m
-                                  WHERE m.id = c.member_id AND m.owner = t.owner
-                                    AND m.removed_at IS NULL AND m.role = 'admin') END);
+           AND agents.approval_counts(t.owner, c.member_id, needed, '{admin}'));
     confirmations := cardinality(v_counted);
     IF p.action <> 'approve' THEN
         in_force := true;
