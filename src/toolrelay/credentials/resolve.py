@@ -131,6 +131,27 @@ class CredentialResolver:
             return basic_value(_expect(self._decrypt(row), BasicSecret))
         return _expect(self._decrypt(row), ApiKeySecret).value
 
+    async def refused(self, credential_id: UUID, row: Row | None = None) -> bool:
+        """The upstream refused this credential's access token (HTTP 401). For an oauth
+        credential with a refresh token, mark that access token expired, so that the next
+        resolve refreshes it, and say the call may be sent again. Only the token the call
+        read (its sealed envelope's nonce): one already refreshed by another call is kept."""
+        if row is None:
+            async with self._pool.connection() as conn:
+                row = await _read_and_end(conn, credential_id)
+        if row["kind"] != "oauth" or row["status"] != "active":
+            return False
+        if _expect(self._decrypt(row), OAuthSecret).refresh_token is None:
+            return False  # nothing to refresh with: the call fails as the upstream said
+        async with self._pool.connection() as conn:
+            await conn.execute(
+                "UPDATE agents.credentials SET expires_at = now() - interval '1 second'"
+                " WHERE id = %s AND nonce = %s",
+                (credential_id, bytes(row["nonce"])),
+            )
+        log.info("oauth credential %s: its access token was refused; refreshing", credential_id)
+        return True
+
     async def _oauth_token(self, row: Row, http: aiohttp.ClientSession) -> str:
         secret = _expect(self._decrypt(row), OAuthSecret)
         if secret.access_token is not None and self._fresh(row["expires_at"]):

@@ -118,6 +118,9 @@ class Executor:
     resolve_credential: Resolve
     before_send: Callable[[Mapping[str, Any]], Awaitable[bool]]
     budget: AnswerBudget | None = None  # the worker's (budget.py); the caller gives back
+    # The upstream refused the call's credential (401): True when sending again may work
+    # (an oauth access token marked expired, to be refreshed: CredentialResolver.refused).
+    refused_credential: Callable[[Mapping[str, Any]], Awaitable[bool]] | None = None
 
     async def run(self, row: Mapping[str, Any], attempt: Attempt) -> tuple[Outcome, list[str]]:
         """Returns the outcome and the secret values to scrub from what is recorded."""
@@ -179,6 +182,20 @@ class Executor:
                 attempt.request = None
             raise
         attempt.status_code = response.status
+        if (
+            response.status == 401
+            and row["auth_method"] == "oauth"
+            and row["attempt"] < row["max_attempts"]
+            and self.refused_credential is not None
+            and await self.refused_credential(row)
+        ):  # refused before it was processed, as a 429: sent again with a fresh token
+            return Outcome.retry(
+                0.0,
+                "http_error",
+                "HTTP 401: the access token was refused; refreshing it and retrying",
+                never_left=True,
+                http_status=401,
+            )
         if self.budget is not None:  # before parsing: the parsed answer is what weighs
             attempt.held = await self.budget.take(len(response.body))
         return on_response(row, response, write)

@@ -41,7 +41,7 @@ from toolrelay.db.queries import load
 from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, AnswerBudget
 from toolrelay.dispatch.egress import ALLOW_ENV, EgressPolicy, make_connector
-from toolrelay.dispatch.executor import Attempt, Executor, precheck
+from toolrelay.dispatch.executor import Attempt, Executor, credential_row, precheck
 from toolrelay.dispatch.http import outbound_session
 from toolrelay.dispatch.metrics import Counts, Metrics, serve_metrics
 from toolrelay.dispatch.outcome import HANDED_BACK, Outcome
@@ -211,8 +211,9 @@ class Worker:
             )
         async with outbound_session(connector) as session:
             self.executor = Executor(
-                session, self.egress, self._resolve, self._before_send, self.budget
-            )
+                session, self.egress, self._resolve, self._before_send, self.budget,
+                self._refused,
+            )  # fmt: skip
             self._adopting = Batcher(self._flush_adopted)
             self._registering = asyncio.create_task(self._registration())
             side = [
@@ -588,6 +589,13 @@ class Worker:
     async def _before_send(self, row: Mapping[str, Any]) -> bool:
         """Durably mark a write as possibly sent; False when our lease is gone."""
         return await self.sent.enqueue({"id": row["id"], "attempt": row["attempt"]})
+
+    async def _refused(self, row: Mapping[str, Any]) -> bool:
+        """The upstream refused the call's credential: whether to send it again (401)."""
+        if self.resolver is None or row["credential_ref"] is None:
+            return False
+        cred = credential_row(row)
+        return await self.resolver.refused(row["credential_ref"], dict(cred) if cred else None)
 
     async def _resolve(
         self, credential_id: UUID, host: str, port: int | None, row: Mapping[str, Any] | None
