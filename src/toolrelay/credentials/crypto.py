@@ -73,9 +73,8 @@ def rewrap(keyring: Keyring, ident: CredentialIdentity, envelope: Envelope) -> E
 def opens(master: MasterKey, ident: CredentialIdentity, wrapped_key: bytes) -> bool:
     """Whether ``master`` unwraps this data key: the key it was wrapped under, not merely
     one with the same id."""
-    nonce, wrapped = wrapped_key[:_NONCE_BYTES], wrapped_key[_NONCE_BYTES:]
     try:
-        AESGCM(master.key).decrypt(nonce, wrapped, ident.aad("key", master.id))
+        _unwrap_with(master, ident, wrapped_key)
     except (InvalidTag, ValueError):
         return False
     return True
@@ -87,12 +86,15 @@ def _wrap(master: MasterKey, ident: CredentialIdentity, data_key: bytes) -> byte
 
 
 def _unwrap(keyring: Keyring, ident: CredentialIdentity, envelope: Envelope) -> bytes:
-    master = keyring.get(envelope.key_id)
-    nonce, wrapped = envelope.wrapped_key[:_NONCE_BYTES], envelope.wrapped_key[_NONCE_BYTES:]
     try:
-        return AESGCM(master.key).decrypt(nonce, wrapped, ident.aad("key", master.id))
+        return _unwrap_with(keyring.get(envelope.key_id), ident, envelope.wrapped_key)
     except (InvalidTag, ValueError):
         raise _undecryptable(ident, envelope.key_id) from None
+
+
+def _unwrap_with(master: MasterKey, ident: CredentialIdentity, wrapped_key: bytes) -> bytes:
+    nonce, wrapped = wrapped_key[:_NONCE_BYTES], wrapped_key[_NONCE_BYTES:]
+    return AESGCM(master.key).decrypt(nonce, wrapped, ident.aad("key", master.id))
 
 
 def _undecryptable(ident: CredentialIdentity, key_id: str) -> CredentialError:

@@ -26,20 +26,11 @@ from toolrelay.credentials.keys import (
 from toolrelay.db import Database
 from toolrelay.errors import ConfigurationError
 
-__all__ = ["KeyStatus", "MissingMasterKey", "key_status", "key_usage", "load_keyring"]
+__all__ = ["KeyStatus", "MissingMasterKey", "key_status", "load_keyring"]
 
 
 class MissingMasterKey(ConfigurationError):
     """The database holds secrets sealed under a key id that is not configured."""
-
-
-def key_usage(db: Database) -> dict[str, int]:
-    """How many credentials each master key id wraps (all owners: the dispatcher's view)."""
-    with db.as_dispatcher() as conn:
-        rows = conn.execute(
-            "SELECT key_id, count(*) AS n FROM agents.credentials GROUP BY key_id ORDER BY key_id"
-        ).fetchall()
-    return {row["key_id"]: int(row["n"]) for row in rows}
 
 
 def key_source(environ: Mapping[str, str] | None = None) -> str:

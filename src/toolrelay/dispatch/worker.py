@@ -594,8 +594,7 @@ class Worker:
         """The upstream refused the call's credential: whether to send it again (401)."""
         if self.resolver is None or row["credential_ref"] is None:
             return False
-        cred = credential_row(row)
-        return await self.resolver.refused(row["credential_ref"], dict(cred) if cred else None)
+        return await self.resolver.refused(row["credential_ref"], credential_row(row))
 
     async def _resolve(
         self, credential_id: UUID, host: str, port: int | None, row: Mapping[str, Any] | None

@@ -45,8 +45,9 @@ SELECT i.id, i.input, i.status, t.key AS tool_key, t.endpoint_url, t.http_method
        t.request_template, t.auth_placement, t.auth_param_name, t.idempotency_header,
        coalesce((SELECT jsonb_agg(jsonb_build_object('id', p.id, 'action', p.action,
                                                      'schema', p.input_schema,
-                                                     'in_force', (SELECT s.in_force
-                                                         FROM agents.policy_standing(p.id) s))
+                                                     'in_force', p.action = 'reject'
+                                                         OR (SELECT s.in_force FROM
+                                                             agents.policy_standing(p.id) s))
                                   ORDER BY p.action DESC, p.created_at, p.id)
                    FROM agents.tool_policies p WHERE p.tool_id = i.tool_id
                     AND p.owner = i.owner), '[]') AS policies

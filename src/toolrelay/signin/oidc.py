@@ -24,6 +24,7 @@ from urllib.parse import quote_plus, urlencode, urlsplit
 import aiohttp
 import jwt
 
+from toolrelay.credentials.token_endpoint import read_whole
 from toolrelay.errors import ConfigurationError, ToolrelayError
 
 ISSUER_ENV: Final = "TOOLRELAY_OIDC_ISSUER"
@@ -393,10 +394,7 @@ async def fetch_json(
             aiohttp.ClientSession(timeout=timeout) as session,
             session.request(method, url, allow_redirects=False, headers=sent, **kwargs) as response,
         ):
-            try:  # read() alone returns what has arrived so far: one piece of a larger body
-                body = await response.content.readexactly(MAX_RESPONSE_BYTES + 1)
-            except asyncio.IncompleteReadError as short:
-                body = short.partial  # the whole body, under the limit
+            body = await read_whole(response, MAX_RESPONSE_BYTES)
             status = response.status
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise SignInError(

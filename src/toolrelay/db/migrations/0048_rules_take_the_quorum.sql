@@ -115,16 +115,17 @@ BEGIN
         RETURN;
     END IF;
     needed := agents.approvals_needed(t);
+    IF p.action <> 'approve' THEN
+        confirmations := 0;  -- only approval rules are confirmed
+        in_force := true;
+        RETURN;
+    END IF;
     -- Confirmations of admins who still are (a rule outlives its confirmers' roles)
     v_counted := ARRAY(
         SELECT c.member_id FROM agents.policy_confirmations c
          WHERE c.policy_id = p.id AND c.tool_fingerprint = agents.tool_fingerprint(t)
            AND agents.approval_counts(t.owner, c.member_id, needed, '{admin}'));
     confirmations := cardinality(v_counted);
-    IF p.action <> 'approve' THEN
-        in_force := true;
-        RETURN;
-    END IF;
     v_editor := agents.tool_last_editor(t.id);
     in_force := confirmations >= needed
         AND (v_editor IS NULL OR agents.approver_count(t.owner) < 2
