@@ -56,6 +56,10 @@ async def _as_dispatcher(conn: AsyncConnection[Any]) -> None:
     # table on every claim, mark and finish as it grows (docs/architecture.md). Every one
     # of the worker's statements has an index to reach its rows by.
     await conn.execute("SET enable_seqscan = off")
+    # And that generic plan is kept: PostgreSQL would otherwise weigh it against planning
+    # anew at every run, and for the hand-off's read it chose to plan anew more than half
+    # of the time (0.5 ms a plan: more than the statement's whole execution).
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
     await conn.commit()
 
 
