@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 
 from toolrelay.cli.context import console, fail, registry
 from toolrelay.cli.render import TOOL, Output, detail, listing, output_option, registered
 from toolrelay.errors import InvalidArgument, ToolrelayError
+from toolrelay.export.openapi_load import load_yaml
 from toolrelay.registry import ToolSpec
 
 tool_app = typer.Typer(help="Register and manage tools.", no_args_is_help=True)
@@ -112,9 +112,10 @@ def update(
 
 def load_tool_file(path: Path) -> list[dict[str, Any]]:
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = path.read_text()
+    except OSError as exc:
         raise InvalidArgument(f"{path}: cannot read tools: {exc}") from None
+    data = load_yaml(text, str(path), "cannot read tools: not valid YAML")
     if isinstance(data, dict):
         data = data.get("tools", [data])
     if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):

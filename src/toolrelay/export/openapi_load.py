@@ -13,9 +13,23 @@ import yaml
 
 from toolrelay.errors import InvalidArgument
 
-__all__ = ["MAX_REF_DEPTH", "YAML_LOADER", "deref", "load_openapi", "pointer", "pointer_token"]
+__all__ = [
+    "MAX_EXPANDED_VALUES",
+    "MAX_REF_DEPTH",
+    "YAML_LOADER",
+    "deref",
+    "load_openapi",
+    "load_yaml",
+    "pointer",
+    "pointer_token",
+]
 
 MAX_REF_DEPTH: Final = 64
+# What a YAML document may stand for once its aliases are followed: the largest OpenAPI
+# document of the test corpus (GitHub's, 13 MB) holds ~260,000 values. An alias names a
+# node instead of copying it, so nine lines of nested aliases stand for a billion values,
+# and whatever walks the document afterwards (the import, json.dumps of a schema) hangs.
+MAX_EXPANDED_VALUES: Final = 10_000_000
 
 
 # libyaml when PyYAML was built with it: several times faster than the pure-Python loader.
@@ -50,13 +64,56 @@ def load_openapi(path: Path) -> dict[str, Any]:
 
 
 def _yaml(path: Path, text: str) -> Any:
+    return load_yaml(text, str(path), "not valid YAML or JSON")
+
+
+def load_yaml(text: str, where: str, invalid: str = "not valid YAML") -> Any:
+    """YAML read with a safe loader, refused (errors start with ``where``) when it is not
+    YAML, when an alias makes it contain itself, or when its aliases make it stand for more
+    than MAX_EXPANDED_VALUES values."""
     try:
-        return yaml.load(text, Loader=YAML_LOADER)  # a safe loader (C or Python)
+        doc = yaml.load(text, Loader=YAML_LOADER)  # a safe loader (C or Python)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise InvalidArgument(f"{path}: not valid YAML or JSON{where}: {problem}") from None
+        raise InvalidArgument(f"{where}: {invalid}{at}: {problem}") from None
+    _check_aliases(doc, where)
+    return doc
+
+
+def _check_aliases(doc: Any, where: str) -> None:
+    """Count the values ``doc`` stands for, each shared node once per place it appears, in
+    time linear in the nodes actually loaded (a size per node, kept by identity)."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()  # the nodes being counted: their own descendants meeting one is a cycle
+    stack: list[tuple[Any, bool]] = [(doc, False)]
+    while stack:
+        node, counted = stack.pop()
+        if not isinstance(node, dict | list):
+            continue
+        children = list(node.values()) if isinstance(node, dict) else node
+        key = id(node)
+        if counted:
+            size = 1 + sum(sizes.get(id(c), 1) for c in children)
+            open_.discard(key)
+            sizes[key] = size
+            if size > MAX_EXPANDED_VALUES:
+                raise InvalidArgument(
+                    f"{where}: its YAML aliases make it stand for more than"
+                    f" {MAX_EXPANDED_VALUES:,} values (an alias names a node instead of copying"
+                    " it, and nested ones multiply): write the repeated parts out"
+                )
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            raise InvalidArgument(f"{where}: a YAML alias refers to a node that contains it")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend(
+            (c, False) for c in children if isinstance(c, dict | list) and id(c) not in sizes
+        )
 
 
 def pointer_token(raw: str) -> str:
