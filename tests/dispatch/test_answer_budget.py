@@ -8,6 +8,7 @@ until earlier calls have recorded theirs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import tracemalloc
 
 import pytest
@@ -16,7 +17,7 @@ from aiohttp import web
 from tests.dispatch.test_worker import Drain, tool_at
 from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import add_tool
-from toolrelay.dispatch.budget import AnswerBudget
+from toolrelay.dispatch.budget import AnswerBudget, parsed_weight
 from toolrelay.registry import Registry
 
 CALLS = 8
@@ -77,3 +78,66 @@ async def test_a_call_cancelled_while_waiting_gives_its_place_away() -> None:
     with pytest.raises(asyncio.CancelledError):
         await stuck
     assert await behind == 10 and budget.held == 100  # it fit beside the 90 once alone
+
+
+async def test_one_answer_heavier_than_the_worker_allows_is_not_parsed(
+    registry: Registry, upstream: Upstream, drain: Drain
+) -> None:
+    # The same 300 kB twice: nested arrays (~7 MB parsed) and one string (~300 kB parsed).
+    # Before: an owner's max_response_bytes (up to 1 GiB) was the only bound on one answer,
+    # ~30 GiB parsed for a worker every tenant shares.
+    text = b'"' + b"x" * (len(ANSWER) - 2) + b'"'
+
+    async def heavy(_request: web.Request, _hit: int) -> web.Response:
+        return web.Response(body=ANSWER, content_type="application/json")
+
+    async def light(_request: web.Request, _hit: int) -> web.Response:
+        return web.Response(body=text, content_type="application/json")
+
+    upstream.routes["/heavy"] = heavy
+    upstream.routes["/light"] = light
+    registry.create_agent("bot")
+    calls = {}
+    for name in ("heavy", "light"):
+        tool = add_tool(registry, f"{name}.get", **tool_at(upstream, f"/{name}"))
+        registry.assign("bot", tool["key"])
+        calls[name] = registry.invoke("bot", tool["key"], {})
+    limit = 4 * 2**20
+    assert parsed_weight(text) < limit < 7 * 2**20 < parsed_weight(ANSWER)
+    tracemalloc.start()
+    try:
+        await drain(max_answer=limit)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    heavy_call = registry.get_invocation(calls["heavy"])
+    assert heavy_call["status"] == "failed" and heavy_call["error_code"] == "response_too_large"
+    assert heavy_call["http_status"] == 200 and heavy_call["output"] is None
+    assert heavy_call["error"].startswith(f"the response's {len(ANSWER):,} bytes would take about")
+    assert "more than the 4 MiB this worker allows one answer (HTTP 200)" in heavy_call["error"]
+    light_call = registry.get_invocation(calls["light"])
+    assert light_call["status"] == "completed" and light_call["output"] == text.decode()[1:-1]
+    assert peak < 7 * 2**20, f"{peak / 2**20:.1f} MiB at the peak: the heavy answer was parsed"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" + b",".join([b"[]"] * 50_000) + b"]",
+        b"[" + b",".join([b'{"a":[]}'] * 20_000) + b"]",
+        b"[" + b",".join([b"[[[[]]]]"] * 20_000) + b"]",
+        b"[" + b",".join(['"\u00e9\u4e2d"'.encode()] * 50_000) + b"]",
+        b"[" + b",".join([b"0.5"] * 50_000) + b"]",
+        b'{"' + b'":1,"'.join(b"k%d" % i for i in range(30_000)) + b'":1}',
+    ],
+    ids=["arrays", "objects", "nested", "strings", "floats", "keys"],
+)
+def test_the_estimate_is_never_below_what_parsing_takes(body: bytes) -> None:
+    tracemalloc.start()
+    try:
+        parsed = json.loads(body)
+        taken, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del parsed
+    assert taken < parsed_weight(body) < 8 * max(taken, len(body))

@@ -10,7 +10,7 @@ from toolrelay import config, logs
 from toolrelay.cli.context import database, err_console, fail
 from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
-from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET
+from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, DEFAULT_MAX_ANSWER
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.worker import WorkerSettings
 from toolrelay.errors import ConfigurationError, ToolrelayError
@@ -35,6 +35,12 @@ def serve(
         min=0.001,
         help="The in-process worker's MiB of upstream answers held parsed at once (worker"
         " --answer-budget-mib).",
+    ),
+    max_answer_mib: float = typer.Option(
+        DEFAULT_MAX_ANSWER / 2**20,
+        min=0.001,
+        help="The in-process worker's MiB one upstream answer may take once parsed (worker"
+        " --max-answer-mib).",
     ),
     proxy_headers: bool = typer.Option(
         False, help="Trust X-Forwarded-* from 127.0.0.1 (behind a TLS-terminating proxy)."
@@ -76,6 +82,7 @@ def serve(
                 concurrency=concurrency,
                 lease_seconds=lease_seconds,
                 answer_budget=round(answer_budget_mib * 2**20),
+                max_answer=round(max_answer_mib * 2**20),
             ),
         )
         app = create_app(settings)

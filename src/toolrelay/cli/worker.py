@@ -10,7 +10,7 @@ from toolrelay import config, logs
 from toolrelay.cli.context import database, err_console, fail
 from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
-from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET
+from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, DEFAULT_MAX_ANSWER
 from toolrelay.dispatch.worker import SUMMARY_ENV, SUMMARY_INTERVAL, WorkerSettings, run_worker
 from toolrelay.errors import ConfigurationError, ToolrelayError
 
@@ -52,6 +52,12 @@ def worker(
         help="MiB of upstream answers held parsed at once across calls; past it a call waits"
         " before parsing its answer (a parsed JSON answer weighs 10-45x its bytes).",
     ),
+    max_answer_mib: float = typer.Option(
+        DEFAULT_MAX_ANSWER / 2**20,
+        min=0.001,
+        help="MiB one upstream answer may take once parsed (estimated from its bytes before"
+        " parsing, erring high); a call answered with more fails response_too_large.",
+    ),
 ) -> None:
     """Run the dispatcher: claim runnable invocations, send them, record the outcome."""
     logs.configure(log_level)
@@ -80,6 +86,7 @@ def worker(
             sleep_protocol=sleep_protocol,
             summary_interval=summary_interval,
             answer_budget=round(answer_budget_mib * 2**20),
+            max_answer=round(max_answer_mib * 2**20),
         )
         url = db.url
         db.close()  # its pool (and the pool's threads) is not used from here on

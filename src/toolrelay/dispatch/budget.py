@@ -8,6 +8,10 @@ the process's memory, and every other tenant's calls with it. The budget bounds 
 held at once: a call whose answer does not fit waits, after reading it and before parsing
 it, until earlier calls have recorded theirs. An answer larger than the whole budget runs
 alone. Answers of ordinary sizes never wait.
+
+One answer is bounded too: before parsing, ``parsed_weight`` estimates what it will take
+(erring high), and an answer past the worker's ``max_answer`` is not parsed at all. Without
+it an owner's ``max_response_bytes`` (up to 1 GiB) let one answer weigh ~30 GiB parsed.
 """
 
 from __future__ import annotations
@@ -16,18 +20,35 @@ import asyncio
 from collections import deque
 from typing import Final
 
-__all__ = ["DEFAULT_ANSWER_BUDGET", "AnswerBudget"]
+__all__ = ["DEFAULT_ANSWER_BUDGET", "DEFAULT_MAX_ANSWER", "AnswerBudget", "parsed_weight"]
 
 DEFAULT_ANSWER_BUDGET: Final = 16 * 1024 * 1024  # bytes of answers on the wire
+DEFAULT_MAX_ANSWER: Final = 1024 * 1024 * 1024  # bytes one answer may take once parsed
+# Bytes a parsed value may take beyond its text: measured with tracemalloc over the shapes
+# that weigh most (`[{"a":[]},...]` 62, `[[[[]]]],...` 66, short non-ASCII strings 89).
+PER_VALUE: Final = 96
+
+
+def parsed_weight(body: bytes) -> int:
+    """What ``body`` will take once json.loads has parsed it, estimated high: its own bytes
+    (string contents) and PER_VALUE for every value it can hold. A value or key starts the
+    text or follows '[', '{', ',' or ':' (those inside strings count too: only ever more)."""
+    starts = body.count(b"[") + body.count(b"{") + body.count(b",") + body.count(b":")
+    return len(body) + PER_VALUE * (starts + 1)
 
 
 class AnswerBudget:
     """Bytes taken by calls holding an answer, first come first served."""
 
-    def __init__(self, total: int = DEFAULT_ANSWER_BUDGET) -> None:
+    def __init__(
+        self, total: int = DEFAULT_ANSWER_BUDGET, max_answer: int = DEFAULT_MAX_ANSWER
+    ) -> None:
         if total < 1:
             raise ValueError("the answer budget must be at least 1 byte")
+        if max_answer < 1:
+            raise ValueError("the largest answer must be at least 1 byte")
         self.total = total
+        self.max_answer = max_answer  # parsed_weight of one answer at most
         self.held = 0
         self.peak = 0  # most ever held at once
         self.waited = 0  # calls that had to wait for room

@@ -26,7 +26,7 @@ from jsonschema.exceptions import best_match
 from yarl import URL
 
 from toolrelay.dispatch import policy as retry
-from toolrelay.dispatch.budget import AnswerBudget
+from toolrelay.dispatch.budget import AnswerBudget, parsed_weight
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.http import Response, SendFailure, SendSpec, send
 from toolrelay.dispatch.outcome import HANDED_BACK, Outcome, scrub, storable, trim
@@ -197,6 +197,10 @@ class Executor:
                 http_status=401,
             )
         if self.budget is not None:  # before parsing: the parsed answer is what weighs
+            if 200 <= response.status < 300:  # the only answers parsed
+                weight = parsed_weight(response.body)
+                if weight > self.budget.max_answer:
+                    return too_heavy(response, weight, self.budget.max_answer)
             attempt.held = await self.budget.take(len(response.body))
         return on_response(row, response, write)
 
@@ -517,6 +521,18 @@ def parse_json(body: bytes) -> Any:
         raise NotStorable(
             f"an integer of more than {sys.get_int_max_str_digits():,} digits"
         ) from None
+
+
+def too_heavy(response: Response, weight: int, limit: int) -> Outcome:
+    mib = 2**20
+    return Outcome.failed(
+        "response_too_large",
+        f"the response's {len(response.body):,} bytes would take about {weight / mib:,.0f}"
+        f" MiB once parsed (its arrays, objects and values), more than the {limit / mib:,.0f}"
+        f" MiB this worker allows one answer (HTTP {response.status}); it was not parsed nor"
+        " kept",
+        http_status=response.status,
+    )
 
 
 def too_deep(status: int) -> Outcome:

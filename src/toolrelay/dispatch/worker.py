@@ -39,7 +39,7 @@ from toolrelay.credentials import CredentialResolver, Keyring
 from toolrelay.credentials.keys import KEY_ENV, KEY_FILE_ENV
 from toolrelay.db.queries import load
 from toolrelay.dispatch.batcher import Batcher
-from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, AnswerBudget
+from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, DEFAULT_MAX_ANSWER, AnswerBudget
 from toolrelay.dispatch.egress import ALLOW_ENV, EgressPolicy, make_connector
 from toolrelay.dispatch.executor import Attempt, Executor, credential_row, precheck
 from toolrelay.dispatch.http import outbound_session
@@ -123,6 +123,8 @@ class WorkerSettings:
     summary_interval: float = field(default_factory=_summary_interval_from_env)
     # Bytes of upstream answers held read and parsed at once, across calls (budget.py).
     answer_budget: int = DEFAULT_ANSWER_BUDGET
+    # What one answer may take once parsed (budget.parsed_weight); past it, not parsed.
+    max_answer: int = DEFAULT_MAX_ANSWER
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -133,6 +135,8 @@ class WorkerSettings:
             raise ValueError("summary_interval must be positive")
         if self.answer_budget < 1:
             raise ValueError("answer_budget must be at least 1 byte")
+        if self.max_answer < 1:
+            raise ValueError("max_answer must be at least 1 byte")
         self.worker_id = (
             self.worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         )
@@ -152,7 +156,7 @@ class Worker:
         self.resolver: CredentialResolver | None = None
         self.egress = egress or EgressPolicy.from_env()
         self.metrics = Metrics()
-        self.budget = AnswerBudget(settings.answer_budget)  # dispatch/budget.py
+        self.budget = AnswerBudget(settings.answer_budget, settings.max_answer)  # budget.py
         # Set by a notification, a (re)connected listener, stop(), a lapsed registration.
         self.wakeup = asyncio.Event()
         self.freed = asyncio.Event()  # a call in flight finished: a slot is free
