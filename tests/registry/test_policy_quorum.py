@@ -7,6 +7,7 @@ the rule decides too (0043 checked only when the rule was written)."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
@@ -18,7 +19,7 @@ from tests.registry.test_policy_binding import GATED, INPUT, SMALL
 from toolrelay.db import Database
 from toolrelay.registry import Registry
 from toolrelay.registry.members import Members
-from toolrelay.registry.policies import Policies, Policy
+from toolrelay.registry.policies import Policies, Policy, apply_policies
 from toolrelay.tokens import Caller
 
 
@@ -162,3 +163,44 @@ def test_an_agent_reads_nothing_of_a_rule(registry: Registry, db: Database) -> N
         confirmations = conn.execute("SELECT count(*) AS n FROM agents.policy_confirmations")
         assert confirmations.fetchone() == {"n": 0}
     assert seen == {"confirmations": None, "needed": None, "in_force": None}
+
+
+def test_a_rule_that_stops_counting_while_it_decides_leaves_the_call_to_a_person(
+    registry: Registry, db: Database, database_url: str
+) -> None:
+    # apply_policies reads which rules are in force, then asks fn_policy_decide, which
+    # checks again under the call's row lock. Bob's removal landing between the two made
+    # that check refuse (TR003), and the refusal went up into the agent's invoke as an
+    # error about a call it had just made and that was stored, pending.
+    team = Team(registry, db, is_dangerous=True)
+    rule = team.policies.add(team.alice, "pay.send", "small payments", "approve", SMALL)
+    call = team.call()  # pending: the rule has one admin of two
+    team.policies.confirm(team.bob, rule.id)
+    assert team.rule(rule.id).in_force
+    with psycopg.connect(database_url) as holder:  # holds the call's row, as a person deciding
+        holder.execute("SELECT 1 FROM agents.tool_invocations WHERE id = %s FOR UPDATE", (call,))
+        with ThreadPoolExecutor(1) as pool:
+            deciding = pool.submit(apply_policies, db, call)
+            wait_until_blocked(database_url, "fn_policy_decide")
+            Members(db).remove(team.alice, team.bob.member_id)  # the rule is now one of two
+            holder.rollback()
+            outcome = deciding.result(timeout=30)
+    assert outcome is None
+    assert team.status(call) == "pending"  # left for a person, as when no rule matches
+    assert not team.rule(rule.id).in_force
+
+
+def wait_until_blocked(database_url: str, query: str) -> None:
+    """Until another backend running ``query`` waits for a lock (30 s at most). Its own
+    connection, outside any transaction: a transaction sees pg_stat_activity as it was."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for _ in range(3000):
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE %s",
+                (f"%{query}%",),
+            ).fetchone()
+            if row and row[0]:
+                return
+            conn.execute("SELECT pg_sleep(0.01)")
+    raise AssertionError(f"nothing running {query} waited for a lock")

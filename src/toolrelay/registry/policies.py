@@ -190,6 +190,9 @@ def strict_approval(schema: Any) -> Any:
     return strict
 
 
+NOT_IN_FORCE: Final = "TR003"  # fn_policy_decide: the rule does not stand (migration 0048)
+
+
 def apply_policies(db: Database, invocation_id: UUID) -> str | None:
     """Let the first rule of the call's tool that its input matches decide a pending call;
     the status it then has, or None when no rule matched (or it is not pending)."""
@@ -209,10 +212,18 @@ def apply_policies(db: Database, invocation_id: UUID) -> str | None:
                 except InvalidInput:
                     continue
                 digest = approval_digest(row) if policy["action"] == "approve" else None
-                decided = conn.execute(
-                    "SELECT fn_policy_decide(%s, %s, %s) AS status",
-                    (invocation_id, policy["id"], digest),
-                ).fetchone()
+                try:
+                    with conn.transaction():  # a savepoint: a refusal undoes only itself
+                        decided = conn.execute(
+                            "SELECT fn_policy_decide(%s, %s, %s) AS status",
+                            (invocation_id, policy["id"], digest),
+                        ).fetchone()
+                except psycopg.Error as exc:
+                    if exc.sqlstate != NOT_IN_FORCE:
+                        raise
+                    # It stopped being in force since the read above (a confirmer removed,
+                    # the tool edited): the next rule, or a person, decides the call.
+                    continue
                 assert decided is not None
                 return str(decided["status"])
     except psycopg.Error as exc:
