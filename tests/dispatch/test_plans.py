@@ -43,6 +43,18 @@ def seq_scans(plan: dict[str, Any]) -> list[str]:
     return found
 
 
+async def run_each(
+    store: DispatchStore, ids: list[Any], claimed: list[Any], results: list[dict[str, Any]]
+) -> None:
+    """Each of the worker's statements, RUNS times on the store's connection."""
+    for _ in range(RUNS):
+        await store.claim(64, 30.0)
+        await store.adopt(ids)
+        await store.heartbeat(ids, 30.0)
+        await store.mark_sent(claimed)
+        await store.finish(results, [])
+
+
 async def test_plans_made_on_a_small_queue_still_use_indexes_once_it_grew(
     registry: Registry, database_url: str
 ) -> None:
@@ -59,12 +71,7 @@ async def test_plans_made_on_a_small_queue_still_use_indexes_once_it_grew(
              "output": {}, "http_status": 200}
             for row in claimed
         ]  # fmt: skip
-        for _ in range(RUNS):  # as a worker starting on an almost empty queue runs them
-            await store.claim(64, 30.0)
-            await store.adopt(ids)
-            await store.heartbeat(ids, 30.0)
-            await store.mark_sent(claimed)
-            await store.finish(results, [])
+        await run_each(store, ids, claimed, results)  # as a worker starting on a small queue
         with registry.db.as_owner(registry.owner) as conn:
             conn.execute(
                 "SELECT fn_invoke_tool(a.id, t.id, %s || jsonb_build_object('n', g))"
@@ -106,12 +113,7 @@ async def test_the_workers_statements_are_not_planned_again_at_each_run(
              "output": None, "http_status": None, "retry_in_ms": 60_000}
             for row in claimed
         ]  # fmt: skip
-        for _ in range(RUNS):
-            await store.claim(64, 30.0)
-            await store.adopt(ids)
-            await store.heartbeat(ids, 30.0)
-            await store.mark_sent(claimed)
-            await store.finish(results, [])
+        await run_each(store, ids, claimed, results)
         async with pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
