@@ -85,7 +85,7 @@ async def test_one_answer_heavier_than_the_worker_allows_is_not_parsed(
 ) -> None:
     # The same 300 kB twice: nested arrays (~7 MB parsed) and one string (~300 kB parsed).
     # Before: an owner's max_response_bytes (up to 1 GiB) was the only bound on one answer,
-    # ~30 GiB parsed for a worker every tenant shares.
+    # 36-45 GiB parsed for a worker every tenant shares.
     text = b'"' + b"x" * (len(ANSWER) - 2) + b'"'
 
     async def heavy(_request: web.Request, _hit: int) -> web.Response:

@@ -21,6 +21,7 @@ from toolrelay.credentials.keys import (
     KEY_FILE_ENV,
     LOCAL_KEY_FILE,
     Keyring,
+    MasterKey,
     keyring_from_env,
 )
 from toolrelay.db import Database
@@ -51,6 +52,10 @@ class _Sealed:
     webhooks: int
     sample: CredentialIdentity
     wrapped_key: bytes
+
+    def opened_by(self, master: MasterKey) -> bool:
+        """Whether ``master`` is the key these secrets were sealed with (not merely its id)."""
+        return opens(master, self.sample, self.wrapped_key)
 
     def __str__(self) -> str:
         counts = [(self.credentials, "credential"), (self.webhooks, "webhook secret")]
@@ -139,7 +144,7 @@ def load_keyring(db: Database, embedded: bool, environ: Mapping[str, str] | None
     wrong = ", ".join(
         f"{key_id!r} ({sealed})"
         for key_id, sealed in usage.items()
-        if not opens(keyring.get(key_id), sealed.sample, sealed.wrapped_key)
+        if not sealed.opened_by(keyring.get(key_id))
     )
     if wrong:
         raise MissingMasterKey(
@@ -187,7 +192,7 @@ def key_status(db: Database, environ: Mapping[str, str] | None = None) -> list[K
         sealed = usage.get(key_id)
         readable = None
         if keyring is not None and key_id in ids and sealed is not None:
-            readable = opens(keyring.get(key_id), sealed.sample, sealed.wrapped_key)
+            readable = sealed.opened_by(keyring.get(key_id))
         statuses.append(KeyStatus(
             key_id, key_id in ids, key_id == newest, sealed.credentials if sealed else 0,
             sealed.webhooks if sealed else 0, readable,

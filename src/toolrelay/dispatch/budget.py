@@ -11,7 +11,7 @@ alone. Answers of ordinary sizes never wait.
 
 One answer is bounded too: before parsing, ``parsed_weight`` estimates what it will take
 (erring high), and an answer past the worker's ``max_answer`` is not parsed at all. Without
-it an owner's ``max_response_bytes`` (up to 1 GiB) let one answer weigh ~30 GiB parsed.
+it an owner's ``max_response_bytes`` (up to 1 GiB) let one answer weigh 36-45 GiB parsed.
 """
 
 from __future__ import annotations

@@ -92,8 +92,10 @@ def _check_aliases(doc: Any, where: str) -> None:
         node, counted = stack.pop()
         if not isinstance(node, dict | list):
             continue
-        children = list(node.values()) if isinstance(node, dict) else node
         key = id(node)
+        if not counted and key in sizes:
+            continue
+        children = list(node.values()) if isinstance(node, dict) else node
         if counted:
             size = 1 + sum(sizes.get(id(c), 1) for c in children)
             open_.discard(key)
@@ -104,8 +106,6 @@ def _check_aliases(doc: Any, where: str) -> None:
                     f" {MAX_EXPANDED_VALUES:,} values (an alias names a node instead of copying"
                     " it, and nested ones multiply): write the repeated parts out"
                 )
-            continue
-        if key in sizes:
             continue
         if key in open_:
             raise InvalidArgument(f"{where}: a YAML alias refers to a node that contains it")
