@@ -113,8 +113,15 @@ def serve(port: int) -> None:
         rate_per_second=1e6,
         rate_burst=1_000_000,
     )
+    app = create_app(settings)
+    try:  # as `toolrelay serve` does (a baseline copy of src/ from before it may lack it)
+        from toolrelay.heap import settle
+    except ImportError:
+        pass
+    else:
+        settle()
     uvicorn.run(
-        create_app(settings), host="127.0.0.1", port=port, log_config=None,
+        app, host="127.0.0.1", port=port, log_config=None,
         http=protocol_class(ConnectionLimits()), server_header=False, log_level="warning",
     )  # fmt: skip
 

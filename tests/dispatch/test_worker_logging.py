@@ -138,6 +138,7 @@ async def test_start_line_names_the_worker_and_its_database_never_the_password(
     host = params.get("host") or "local socket"
     assert start["database"] == f"{host}:{params.get('port') or 5432}/{params['dbname']}"
     assert start["level"] == "info" and start["logger"] == "toolrelay.worker"
+    assert start["frozen_objects"] > 10_000  # startup's objects, out of the collector's way
     assert start["worker_id"].count(":") == 2  # host:pid:random
     assert (start["concurrency"], start["lease_seconds"]) == (3, 7.0)
     assert (start["pooler"], start["egress_guard"], start["credentials"]) == (

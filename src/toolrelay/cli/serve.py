@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from toolrelay import config, logs
+from toolrelay import config, heap, logs
 from toolrelay.cli.context import database, err_console, fail
 from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
@@ -89,6 +89,7 @@ def serve(
     except ToolrelayError as exc:
         raise fail(exc) from None
     limits = ConnectionLimits(header_timeout, body_timeout, max_slow_connections)
+    heap.settle()  # what startup made stays out of the collector's scans (toolrelay/heap.py)
     uvicorn.run(
         app,
         host=host,

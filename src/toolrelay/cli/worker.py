@@ -6,7 +6,7 @@ import asyncio
 
 import typer
 
-from toolrelay import config, logs
+from toolrelay import config, heap, logs
 from toolrelay.cli.context import database, err_console, fail
 from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
@@ -90,6 +90,7 @@ def worker(
         )
         url = db.url
         db.close()  # its pool (and the pool's threads) is not used from here on
+        heap.settle()  # what startup made stays out of the collector's scans (toolrelay/heap.py)
         asyncio.run(run_worker(url, settings, keyring))
     except ToolrelayError as exc:
         raise fail(exc) from None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -739,6 +740,7 @@ class Worker:
                 "egress_guard": "on" if self.egress.enabled else "off",
                 "egress_allow": allow_list(self.egress),
                 "credentials": "usable" if self.keyring is not None else "no master key",
+                "frozen_objects": gc.get_freeze_count(),  # toolrelay/heap.py; 0 if not settled
             },
         )
         for entry, why in broad_entries(self.egress) if self.egress.enabled else ():
