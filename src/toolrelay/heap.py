@@ -10,8 +10,9 @@ frozen and later dropped is still freed by reference counting; only a cycle amon
 objects would stay (startup's own structures, never per-call data, which is made after).
 
 The youngest generation is collected after ``YOUNG_THRESHOLD`` net allocations instead of
-700: a call's objects mostly die with it, so a collection every few calls instead of several
-a call walks them less often (measured: bench/RESULTS.md, "Session 19").
+700: a call's objects mostly die with it (reference counting frees them), so fewer
+collections find less to walk. In a drain of 20,000 calls the young and middle collections
+went from ~2,360 (1.45 s) to ~190 (0.07 s); bench/RESULTS.md, "The garbage collector".
 """
 
 from __future__ import annotations
