@@ -24,12 +24,11 @@ __all__ = ["YOUNG_THRESHOLD", "settle"]
 YOUNG_THRESHOLD = 10_000  # CPython's default is 700
 
 
-def settle() -> int:
-    """Collect once, freeze what is left and raise the youngest generation's threshold;
-    returns the number of objects frozen. Call it once a process has imported and built
-    what it keeps, before it serves."""
+def settle() -> None:
+    """Collect once, freeze what is left and raise the youngest generation's threshold
+    (``gc.get_freeze_count()`` tells how much was frozen). Call it once a process has
+    imported and built what it keeps, before it serves."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
-    return gc.get_freeze_count()
