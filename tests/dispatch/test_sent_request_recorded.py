@@ -19,7 +19,7 @@ from toolrelay.credentials import CredentialStore, Keyring, generate_master_key
 from toolrelay.db import Database
 from toolrelay.dispatch.egress import EgressPolicy
 from toolrelay.dispatch.executor import MASK
-from toolrelay.dispatch.outcome import secret_forms
+from toolrelay.dispatch.spellings import secret_forms
 from toolrelay.dispatch.worker import Worker
 from toolrelay.registry import Registry
 from toolrelay.registry.preview import MASK as PAGE_MASK

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import html
 import json
 import re
 import uuid
@@ -48,6 +49,11 @@ WINDOW = 10  # no run of this many characters of any spelling may show
 URL_WITH_QUERY = re.compile(r"/[^\s?#]*[?#]")  # no error holds a URL's query, scrubbed or not
 
 
+JINJA_ESCAPES = str.maketrans(  # markupsafe's table, also Go's html/template's for text
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;"}
+)
+
+
 def spellings(value: str) -> dict[str, str]:
     """Every form the test looks for, written out apart from the scrubber's own list."""
     raw = value.encode()
@@ -63,10 +69,43 @@ def spellings(value: str) -> dict[str, str]:
         "json": json.dumps(value)[1:-1],
         "json_utf8": json.dumps(value, ensure_ascii=False)[1:-1],
         "yarl_query": URL.build(query={"k": value}).raw_query_string[2:],
+        # reflected in a page, or by an encoder that writes "HTML-safe" JSON
+        "html": html.escape(value),
+        "html_jinja": value.translate(JINJA_ESCAPES),
+        "html_decimal": references(value, "&#{};", "d"),
+        "html_hex": references(value, "&#x{};", "x"),
+        "json_go": go_json(value),
+        "json_dotnet": dotnet_json(value),
     }
     for name in ("quote", "quote_nothing_safe", "quote_plus", "yarl_query"):
         forms[f"{name}_lower"] = re.sub("%[0-9A-F]{2}", lambda m: m[0].lower(), forms[name])
     return forms
+
+
+def references(value: str, form: str, base: str) -> str:
+    """Every character but ASCII letters and digits as an HTML character reference."""
+    out = []
+    for c in value:
+        out.append(c if c.isascii() and c.isalnum() else form.format(format(ord(c), base)))
+    return "".join(out)
+
+
+def go_json(value: str) -> str:
+    """As Go's encoding/json writes a string: <, > and & as \\u003c, \\u003e, \\u0026."""
+    text = json.dumps(value, ensure_ascii=False)[1:-1]
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def dotnet_json(value: str) -> str:
+    """As .NET's System.Text.Json writes a string by default: the HTML-sensitive characters
+    and everything beyond ASCII as \\uXXXX in upper-case hex (a quote too)."""
+    out = []
+    for char in value:
+        if char in "<>&'\"+`" or not char.isascii():
+            out.append(f"\\u{ord(char):04X}")
+        else:
+            out.append(json.dumps(char)[1:-1])
+    return "".join(out)
 
 
 def every_spelling(as_sent: set[str]) -> set[str]:
@@ -323,6 +362,26 @@ def test_scrub_knows_every_spelling_in_either_hex_case() -> None:
     placed = "Bearer " + SECRET
     assert scrub({"h": placed, placed: 1}, [SECRET, placed]) == {"h": REDACTED, REDACTED: 1}
     assert scrub("ab", ["ab"]) == "ab"  # too short to scrub without redacting ordinary text
+
+
+def test_scrub_knows_a_secret_escaped_character_by_character_in_any_mixture() -> None:
+    """Each character but ASCII letters and digits may come back as itself, a JSON escape
+    (either hex case) or an HTML character reference (named, decimal, hex), mixed as one
+    page's template and another's JSON encoder left them."""
+    tail = SECRET[len('Tr+ai/l=er&k%e"y\\é') :]
+    mixed = [
+        "Tr&#43;ai&sol;l&equals;er&AMP;k&#x0025;e\\u0022y&bsol;&eacute;" + tail,
+        "Tr\\u002bai\\/l&#061;er\\u0026k%e&quot;y\\\\\\u00E9" + tail,
+        'Tr+ai/l=er&amp;k%e\\"y\\&#XE9;' + tail,
+    ]
+    for text in mixed:
+        assert scrub(f"<{text}>", [SECRET]) == f"<{REDACTED}>", text
+    emoji = "key-\U0001f511-" + tail  # beyond the BMP: a JSON surrogate pair
+    for text in (emoji, "key-\\ud83d\\uDD11-" + tail, "key-&#128273;-" + tail):
+        assert scrub(f"<{text}>", [emoji]) == f"<{REDACTED}>", text
+    # what is not the secret stays: another character, or a reference to another one
+    for text in (mixed[0].replace("&AMP;", "&lt;"), mixed[1].replace("Tr", "Tx")):
+        assert scrub(text, [SECRET]) == text, text
 
 
 def test_a_secret_of_digits_echoed_as_a_json_number_is_scrubbed() -> None:

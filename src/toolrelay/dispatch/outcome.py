@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import quote, quote_plus
 
-from yarl import URL
-
+from toolrelay.dispatch.spellings import form_pattern, lower_hex, secret_forms, spelled_pattern
 from toolrelay.registry.validation import UNSTORABLE
 
 REDACTED = "[redacted]"
@@ -100,45 +96,6 @@ def _for_agent(code: str, message: str) -> tuple[str, str | None]:
 # --- scrubbing ------------------------------------------------------------------------------
 
 
-def secret_forms(secret: str) -> set[str]:
-    """The spellings in which a secret that was sent may come back.
-
-    As sent (and with its whitespace collapsed, as trim() does); percent-encoded the ways
-    clients and servers encode (``quote`` with and without ``/`` safe, ``quote_plus``,
-    JavaScript's encodeURIComponent, yarl's query encoding that placed it in the URL);
-    base64 and base64url, with and without padding; JSON-escaped, ASCII-only or not, once
-    or twice, with ``/`` escaped or not. Percent escapes match in either hex case.
-    """
-    forms = {secret, " ".join(secret.split())}
-    forms |= {
-        quote(secret),
-        quote(secret, safe=""),
-        quote(secret, safe="!'()*"),
-        quote_plus(secret),
-        URL.build(query={"k": secret}).raw_query_string.removeprefix("k="),
-    }
-    raw = secret.encode()
-    for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
-        text = encoded.decode("ascii")
-        forms |= {text, text.rstrip("=")}
-    for ascii_only in (True, False):
-        once = json.dumps(secret, ensure_ascii=ascii_only)[1:-1]
-        forms |= {once, once.replace("/", "\\/"), json.dumps(once, ensure_ascii=ascii_only)[1:-1]}
-    return forms
-
-
-_PERCENT_ESCAPE = re.compile(r"(%[0-9A-F]{2})")
-
-
-def _form_pattern(form: str) -> str:
-    """``form`` as a regular expression in which each ``%XX`` matches either hex case."""
-    pieces = _PERCENT_ESCAPE.split(form)  # odd indexes hold the escapes
-    return "".join(
-        f"%[{p[1]}{p[1].lower()}][{p[2]}{p[2].lower()}]" if i % 2 else re.escape(p)
-        for i, p in enumerate(pieces)
-    )
-
-
 @dataclass(frozen=True)
 class _Scrubber:
     pattern: re.Pattern[str]  # every spelling of every secret, longest first
@@ -164,9 +121,11 @@ class _Scrubber:
 def _scrubber(secrets: tuple[str, ...]) -> _Scrubber:
     forms = {f for s in secrets for f in secret_forms(s) if len(f) >= MIN_SECRET_CHARS}
     ordered = sorted(forms, key=len, reverse=True)  # at one position the longest wins
-    lower = {_PERCENT_ESCAPE.sub(lambda m: m[1].lower(), f) for f in ordered}
+    lower = {lower_hex(f) for f in ordered}
+    # after the whole forms: the mixtures of per-character escapes (HTML, JSON \uXXXX)
+    patterns = [*map(form_pattern, ordered), *map(spelled_pattern, secrets)]
     return _Scrubber(
-        pattern=re.compile("|".join(map(_form_pattern, ordered))),
+        pattern=re.compile("|".join(patterns)),
         starts=tuple(sorted(set(ordered) | lower, key=len, reverse=True)),
         numbers=any(_DIGITS.fullmatch(s) for s in secrets),
     )
@@ -174,7 +133,7 @@ def _scrubber(secrets: tuple[str, ...]) -> _Scrubber:
 
 def scrub(value: Any, secrets: Iterable[str]) -> Any:
     """Replace every known secret inside strings of a JSON value, in any of its spellings
-    (secret_forms), and the start of one that trim() cut off."""
+    (spellings.py), and the start of a whole spelling that trim() cut off."""
     known = tuple(sorted({s for s in secrets if s and len(s) >= MIN_SECRET_CHARS}))
     if not known:
         return value
