@@ -32,7 +32,7 @@ from tests.pgtest import create_database, drop_database
 from tests.registry.helpers import add_tool, agent_with_tool
 from toolrelay.db import Database, migrate
 from toolrelay.db.connect import _SET_IDENTITY, OWNER_ROLE
-from toolrelay.dispatch.worker import Worker, WorkerSettings
+from toolrelay.dispatch.worker import STAY_AWAKE, Worker, WorkerSettings
 from toolrelay.registry import Registry
 
 CHANNEL = "toolrelay_runnable"
@@ -325,10 +325,13 @@ def sleepers(scene: Scene) -> list[str]:
 
 
 @asynccontextmanager
-async def running_worker(scene: Scene, worker_id: str) -> AsyncIterator[Worker]:
+async def running_worker(
+    scene: Scene, worker_id: str, stay_awake: float = STAY_AWAKE
+) -> AsyncIterator[Worker]:
     settings = WorkerSettings(
-        concurrency=4, lease_seconds=30.0, poll_interval=LONG_POLL, worker_id=worker_id
-    )
+        concurrency=4, lease_seconds=30.0, poll_interval=LONG_POLL, worker_id=worker_id,
+        stay_awake=stay_awake,
+    )  # fmt: skip
     worker = Worker(scene.url, settings, None, LOOPBACK_ONLY)
     task = asyncio.create_task(worker.run())
     try:
@@ -383,5 +386,68 @@ async def test_a_dead_sleepers_row_does_not_stop_a_live_worker(scene: Scene) -> 
                 "the call completed",
             )
             assert time.monotonic() - began < WOKEN_WITHIN
+    finally:
+        await runner.cleanup()
+
+
+# Counts the worker's registrations asleep (each an insert of its sleeper row).
+COUNT_REGISTRATIONS = """
+CREATE TABLE public.registrations (n bigint NOT NULL);
+INSERT INTO public.registrations VALUES (0);
+CREATE FUNCTION public.count_registration() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN UPDATE public.registrations SET n = n + 1; RETURN NULL; END $$;
+CREATE TRIGGER count_registration AFTER INSERT ON agents.dispatch_sleepers
+    FOR EACH ROW EXECUTE FUNCTION public.count_registration();
+"""
+STREAM = 20  # calls made one after another, each once the one before it completed
+STAYING = 2.0  # the worker's stay_awake in the test: longer than any gap between calls
+
+
+def registrations(scene: Scene) -> int:
+    with admin(scene) as conn:
+        row = conn.execute("SELECT n FROM public.registrations").fetchone()
+    assert row is not None
+    return int(str(row[0]))
+
+
+@pytest.mark.parametrize("stay_awake", [STAYING, 0.0])
+async def test_while_calls_keep_coming_the_worker_looks_again_instead_of_sleeping(
+    scene: Scene, stay_awake: float
+) -> None:
+    """A worker that found calls moments ago looks for more by itself rather than register
+    asleep between them (each registration makes every call being made wait for the wake
+    lock, and the next call notify: worker.STAY_AWAKE). Each call here is made once the one
+    before it completed, when a worker that does not stay awake registers asleep. Once
+    calls stop, it sleeps; a call then still wakes it (its poll is 30 s)."""
+    upstream, runner = await start_upstream()
+    tool = add_tool(scene.registry, key="echo.stream", endpoint_url=f"{upstream.base_url}/s")
+    scene.registry.assign("bot", tool["key"])
+    with admin(scene) as conn:
+        conn.execute(COUNT_REGISTRATIONS)
+
+    def completed(inv: UUID) -> bool:
+        return bool(scene.registry.get_invocation(inv)["status"] == "completed")
+
+    try:
+        async with running_worker(scene, "w-stream", stay_awake) as worker:
+            await wait_for(lambda: worker.asleep and sleepers(scene) == ["w-stream"], "asleep")
+            before = registrations(scene)
+            for n in range(STREAM):
+                inv = await asyncio.to_thread(scene.registry.invoke, "bot", tool["key"], {})
+                await wait_for(lambda inv=inv: completed(inv), f"call {n} completed")
+            during = registrations(scene) - before
+            await wait_for(
+                lambda: worker.asleep and sleepers(scene) == ["w-stream"],
+                "asleep once calls stopped",
+                timeout=STAYING + WOKEN_WITHIN,
+            )
+            inv, began = invoke_and_time(scene, tool["key"])
+            await wait_for(lambda: completed(inv), "a call after the stream completed")
+            assert time.monotonic() - began < WOKEN_WITHIN
+        if stay_awake:
+            assert during == 0, during
+        else:  # one a call, but where the worker's claim came after the next call was made
+            assert during >= STREAM // 2, during
     finally:
         await runner.cleanup()

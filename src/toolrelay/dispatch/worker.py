@@ -79,6 +79,13 @@ RESULT_LINGER = 0.004  # seconds
 # few calls each instead of one per call (a claim costs PostgreSQL ~150 µs whatever its
 # size). A notification is not held back.
 CLAIM_GAP = 0.002  # seconds
+# Where the worker would register asleep but a claim found calls moments ago: look again
+# after POLL_AWAKE (doubling at each empty look) until STAY_AWAKE has passed since then. Each registration takes the wake lock, which every call
+# being made waits for, and makes the calls after it notify: at ~1,000 calls/s a worker
+# registered some 75 times a second, and a call's insert waited 1.1 ms for the lock on
+# average (bench/RESULTS.md, session 20).
+STAY_AWAKE = 0.02  # seconds
+POLL_AWAKE = 0.002  # seconds
 RECORDING_PER_SLOT = 1
 EXPIRE_INTERVAL = 5.0  # seconds between sweeps of pending approvals past their window
 SHUTDOWN_GRACE = 10.0  # seconds in-flight calls get after SIGTERM
@@ -120,6 +127,9 @@ class WorkerSettings:
     # Migration 0018's sleep protocol: calls notify only while some worker is asleep. Off:
     # this worker never registers, and every call notifies while no registered worker runs.
     sleep_protocol: bool = True
+    # Seconds after a claim found calls during which the worker looks again instead of
+    # registering asleep (STAY_AWAKE; 0: register as soon as a claim comes up short).
+    stay_awake: float = STAY_AWAKE
     # Seconds between summary lines at INFO (default: TOOLRELAY_SUMMARY_INTERVAL, else 60).
     summary_interval: float = field(default_factory=_summary_interval_from_env)
     # Bytes of upstream answers held read and parsed at once, across calls (budget.py).
@@ -166,6 +176,8 @@ class Worker:
         self.asleep = False  # registered asleep: calls notify it; its next claim wakes it
         self._quiet = False  # the last wait ran out with calls in flight and none finished
         self._short_at = 0.0  # when the last claim found less than it asked for (0: full)
+        self._found_at = 0.0  # when a claim last found calls (monotonic)
+        self._empty_looks = 0  # claims since then that found none (STAY_AWAKE)
         self.stopping = asyncio.Event()
         self.inflight: dict[UUID, asyncio.Task[None]] = {}  # claimed, result not recorded
         self.sending = 0  # of those, outcome not decided yet: they hold a slot
@@ -280,6 +292,8 @@ class Worker:
                 for row in rows:
                     self._start(row)
                 claimed = len(rows)
+                if claimed:
+                    self._found_at, self._empty_looks = time.monotonic(), 0
                 if claimed == want or (claimed and self._filled_up(busy[1])):
                     # there may be more ready right now: past the calls of a tool that
                     # this claim filled, which it looked at and left
@@ -289,6 +303,8 @@ class Worker:
                 if self.registered and self.listening:
                     if self.sending and not self._quiet:
                         timeout = SLEEP_AFTER  # one finishing wakes us: no need to sleep yet
+                    elif (awake := self._stay_awake()) is not None:
+                        timeout = awake  # calls came moments ago: look again soon
                     else:
                         timeout = await self._sleep(free - claimed)
                         if timeout == 0:
@@ -377,6 +393,16 @@ class Worker:
 
     def _result_linger(self) -> float:
         return RESULT_LINGER if self.sending else 0.0
+
+    def _stay_awake(self) -> float | None:
+        """How long to wait before looking again, calls having been found moments ago;
+        None once ``stay_awake`` has passed since (then register asleep)."""
+        since = time.monotonic() - self._found_at
+        if since >= self.settings.stay_awake:
+            return None
+        wait = min(POLL_AWAKE * (1 << self._empty_looks), self.settings.stay_awake - since)
+        self._empty_looks += 1
+        return wait
 
     async def _sleep(self, free: int) -> float:
         """Register asleep and claim once more; how long to wait next (0: claim again)."""
