@@ -418,8 +418,9 @@ async def test_while_calls_keep_coming_the_worker_looks_again_instead_of_sleepin
     """A worker that found calls moments ago looks for more by itself rather than register
     asleep between them (each registration makes every call being made wait for the wake
     lock, and the next call notify: worker.STAY_AWAKE). Each call here is made once the one
-    before it completed, when a worker that does not stay awake registers asleep. Once
-    calls stop, it sleeps; a call then still wakes it (its poll is 30 s)."""
+    before it completed, when a worker that does not stay awake registers asleep; the first
+    call, after a long pause, is not yet "calls keep coming". Once calls stop, it sleeps; a
+    call then still wakes it (its poll is 30 s)."""
     upstream, runner = await start_upstream()
     tool = add_tool(scene.registry, key="echo.stream", endpoint_url=f"{upstream.base_url}/s")
     scene.registry.assign("bot", tool["key"])
@@ -446,8 +447,31 @@ async def test_while_calls_keep_coming_the_worker_looks_again_instead_of_sleepin
             await wait_for(lambda: completed(inv), "a call after the stream completed")
             assert time.monotonic() - began < WOKEN_WITHIN
         if stay_awake:
-            assert during == 0, during
+            assert during <= 1, during
         else:  # one a call, but where the worker's claim came after the next call was made
             assert during >= STREAM // 2, during
     finally:
         await runner.cleanup()
+
+
+def test_a_worker_looks_again_only_while_calls_come_closer_together_than_stay_awake() -> None:
+    """The rule alone (no database): after calls found less than stay_awake apart, looks
+    after 2, 4, 8 ms..., none past stay_awake since the last; calls further apart (a few a
+    second) register asleep at once, as before: four empty claims a call would cost more."""
+    settings = WorkerSettings(stay_awake=0.02, worker_id="w-rule")
+    worker = Worker("postgresql://unused", settings, None, LOOPBACK_ONLY)
+
+    def found(ago: float, gap: float) -> Worker:
+        worker._found_at, worker._found_gap = time.monotonic() - ago, gap
+        worker._empty_looks = 0
+        return worker
+
+    found(0.0, 0.005)
+    waits = [worker._stay_awake() for _ in range(3)]
+    assert waits == [0.002, 0.004, 0.008]
+    worker._found_at -= 0.014  # as if those waits had passed: the next is what is left
+    last = worker._stay_awake()
+    assert last is not None and 0.005 < last <= 0.006
+    assert found(0.021, 0.005)._stay_awake() is None  # nothing found for longer than that
+    assert found(0.0, 0.05)._stay_awake() is None  # calls 50 ms apart: sleep between them
+    assert found(0.0, float("inf"))._stay_awake() is None  # the first call after a pause

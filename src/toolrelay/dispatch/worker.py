@@ -79,8 +79,9 @@ RESULT_LINGER = 0.004  # seconds
 # few calls each instead of one per call (a claim costs PostgreSQL ~150 µs whatever its
 # size). A notification is not held back.
 CLAIM_GAP = 0.002  # seconds
-# Where the worker would register asleep but a claim found calls moments ago: look again
-# after POLL_AWAKE (doubling at each empty look) until STAY_AWAKE has passed since then. Each registration takes the wake lock, which every call
+# Where the worker would register asleep but calls keep coming (its last two claims that
+# found calls were less than STAY_AWAKE apart, the last less than STAY_AWAKE ago): look
+# again after POLL_AWAKE, doubling at each empty look, until STAY_AWAKE has passed. Each registration takes the wake lock, which every call
 # being made waits for, and makes the calls after it notify: at ~1,000 calls/s a worker
 # registered some 75 times a second, and a call's insert waited 1.1 ms for the lock on
 # average (bench/RESULTS.md, session 20).
@@ -127,7 +128,7 @@ class WorkerSettings:
     # Migration 0018's sleep protocol: calls notify only while some worker is asleep. Off:
     # this worker never registers, and every call notifies while no registered worker runs.
     sleep_protocol: bool = True
-    # Seconds after a claim found calls during which the worker looks again instead of
+    # While calls keep coming this often, the worker looks again for this long instead of
     # registering asleep (STAY_AWAKE; 0: register as soon as a claim comes up short).
     stay_awake: float = STAY_AWAKE
     # Seconds between summary lines at INFO (default: TOOLRELAY_SUMMARY_INTERVAL, else 60).
@@ -177,6 +178,7 @@ class Worker:
         self._quiet = False  # the last wait ran out with calls in flight and none finished
         self._short_at = 0.0  # when the last claim found less than it asked for (0: full)
         self._found_at = 0.0  # when a claim last found calls (monotonic)
+        self._found_gap = float("inf")  # seconds between the last two claims that found calls
         self._empty_looks = 0  # claims since then that found none (STAY_AWAKE)
         self.stopping = asyncio.Event()
         self.inflight: dict[UUID, asyncio.Task[None]] = {}  # claimed, result not recorded
@@ -293,7 +295,9 @@ class Worker:
                     self._start(row)
                 claimed = len(rows)
                 if claimed:
-                    self._found_at, self._empty_looks = time.monotonic(), 0
+                    now = time.monotonic()
+                    self._found_gap, self._found_at = now - self._found_at, now
+                    self._empty_looks = 0
                 if claimed == want or (claimed and self._filled_up(busy[1])):
                     # there may be more ready right now: past the calls of a tool that
                     # this claim filled, which it looked at and left
@@ -395,10 +399,11 @@ class Worker:
         return RESULT_LINGER if self.sending else 0.0
 
     def _stay_awake(self) -> float | None:
-        """How long to wait before looking again, calls having been found moments ago;
-        None once ``stay_awake`` has passed since (then register asleep)."""
+        """How long to wait before looking again while calls keep coming; None when they
+        came further apart than ``stay_awake``, or none came for that long (then register
+        asleep: at a few calls a second, looks would cost more than they save)."""
         since = time.monotonic() - self._found_at
-        if since >= self.settings.stay_awake:
+        if max(since, self._found_gap) >= self.settings.stay_awake:
             return None
         wait = min(POLL_AWAKE * (1 << self._empty_looks), self.settings.stay_awake - since)
         self._empty_looks += 1
