@@ -91,9 +91,12 @@ def references(value: str, form: str, base: str) -> str:
 
 
 def go_json(value: str) -> str:
-    """As Go's encoding/json writes a string: <, > and & as \\u003c, \\u003e, \\u0026."""
+    """As Go's encoding/json writes a string: <, > and & as \\u003c, \\u003e, \\u0026,
+    and the line and paragraph separators U+2028, U+2029 as \\u2028, \\u2029."""
     text = json.dumps(value, ensure_ascii=False)[1:-1]
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    for char in "<>&\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text
 
 
 def dotnet_json(value: str) -> str:
@@ -382,6 +385,15 @@ def test_scrub_knows_a_secret_escaped_character_by_character_in_any_mixture() ->
     # what is not the secret stays: another character, or a reference to another one
     for text in (mixed[0].replace("&AMP;", "&lt;"), mixed[1].replace("Tr", "Tx")):
         assert scrub(text, [SECRET]) == text, text
+
+
+def test_a_go_spelling_cut_off_by_trim_is_redacted_to_its_start() -> None:
+    """Go escapes U+2028 as well as <: a trimmed error ending half-way through that
+    spelling of a secret is redacted from where the spelling starts."""
+    secret = "line\u2028sep<" + SECRET[-12:]
+    spelled = go_json(secret)
+    cut = spelled[: spelled.index("\\u003c") + 8]  # past the escaped <, into the rest
+    assert scrub(f"said: {cut}{TRIMMED}", [secret]) == f"said: {REDACTED}{TRIMMED}"
 
 
 def test_a_secret_of_digits_echoed_as_a_json_number_is_scrubbed() -> None:

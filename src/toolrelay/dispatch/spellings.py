@@ -73,9 +73,8 @@ def _plain(char: str) -> bool:
 def _json_escaping(secret: str, escaped: str, upper: bool, ascii_only: bool) -> str:
     """``secret`` JSON-escaped by an encoder that also writes ``escaped`` as \\uXXXX."""
     text = json.dumps(secret, ensure_ascii=ascii_only)[1:-1]
-    for char in escaped:
-        code = f"\\u{ord(char):04X}" if upper else f"\\u{ord(char):04x}"
-        text = text.replace(json.dumps(char)[1:-1], code)
+    for char in escaped:  # as the same dumps spelled it (U+2028 raw when not ascii_only)
+        text = text.replace(json.dumps(char, ensure_ascii=ascii_only)[1:-1], f"\\u{ord(char):04x}")
     if upper:
         text = re.sub(r"\\u([0-9a-f]{4})", lambda m: "\\u" + m[1].upper(), text)
     return text
