@@ -81,10 +81,10 @@ RESULT_LINGER = 0.004  # seconds
 CLAIM_GAP = 0.002  # seconds
 # Where the worker would register asleep but calls keep coming (its last two claims that
 # found calls were less than STAY_AWAKE apart, the last less than STAY_AWAKE ago): look
-# again after POLL_AWAKE, doubling at each empty look, until STAY_AWAKE has passed. Each registration takes the wake lock, which every call
-# being made waits for, and makes the calls after it notify: at ~1,000 calls/s a worker
-# registered some 75 times a second, and a call's insert waited 1.1 ms for the lock on
-# average (bench/RESULTS.md, session 20).
+# again after POLL_AWAKE, doubling at each empty look, until STAY_AWAKE has passed. Each
+# registration takes the wake lock, which every call being made waits for, and makes the
+# calls after it notify: at ~1,000 calls/s a worker registered some 75 times a second, and
+# a call's insert waited 1.1 ms for the lock on average (bench/RESULTS.md, session 20).
 STAY_AWAKE = 0.02  # seconds
 POLL_AWAKE = 0.002  # seconds
 RECORDING_PER_SLOT = 1
@@ -179,7 +179,7 @@ class Worker:
         self._short_at = 0.0  # when the last claim found less than it asked for (0: full)
         self._found_at = 0.0  # when a claim last found calls (monotonic)
         self._found_gap = float("inf")  # seconds between the last two claims that found calls
-        self._empty_looks = 0  # claims since then that found none (STAY_AWAKE)
+        self._empty_looks = 0  # looks _stay_awake has scheduled since then
         self.stopping = asyncio.Event()
         self.inflight: dict[UUID, asyncio.Task[None]] = {}  # claimed, result not recorded
         self.sending = 0  # of those, outcome not decided yet: they hold a slot
@@ -399,9 +399,9 @@ class Worker:
         return RESULT_LINGER if self.sending else 0.0
 
     def _stay_awake(self) -> float | None:
-        """How long to wait before looking again while calls keep coming; None when they
-        came further apart than ``stay_awake``, or none came for that long (then register
-        asleep: at a few calls a second, looks would cost more than they save)."""
+        """How long to wait before looking again while calls keep coming (and count that
+        look); None when they came further apart than ``stay_awake``, or none came for that
+        long (then register asleep: at a few calls a second, looks cost more than they save)."""
         since = time.monotonic() - self._found_at
         if max(since, self._found_gap) >= self.settings.stay_awake:
             return None
