@@ -128,8 +128,15 @@ def test_claim_scans_only_the_runnable_index(registry: Registry, db: Database) -
         claim = load("dispatch")["claim"]
         plan = conn.execute(
             "EXPLAIN " + claim,
-            {"limit": 64, "worker": "explain", "lease": 30, "busy": "{}", "full": []},
+            {
+                "limit": 64,
+                "worker": "explain",
+                "lease": 30,
+                "busy": "{}",
+                "full": [],
+                "owners": "{}",
+            },
         ).fetchall()
     text = "\n".join(str(next(iter(r.values()))) for r in plan)
-    assert "tool_invocations_runnable_idx" in text
+    assert "tool_invocations_runnable_owner_idx" in text
     assert "Seq Scan on tool_invocations" not in text

@@ -84,7 +84,7 @@ async def invoke(
         mark = context.outcomes.mark()  # before the call: its first read may be skipped
         try:  # with a slot of the in-process worker, if there is one (dispatch/handoff.py)
             invocation_id = await context.handoff.make(
-                partial(_invoke, registry, _me(caller), body), lambda made: made
+                partial(_invoke, registry, _me(caller), body), lambda made: made, registry.owner
             )
         except Unauthenticated:  # the token, remembered, was refused by the call's check
             context.authenticator.forget(caller)

@@ -41,21 +41,23 @@ class HandOff:
         self,
         making: Callable[[Claim | None], Awaitable[T]],
         made: Callable[[T], UUID | None],
+        owner: UUID | None = None,
     ) -> T:
         """``making(claim)``'s value: the call made with a slot of the in-process worker
         (when it has one free) and settled with ``made(value)``, the call's id. It runs to
         its end in a task of its own, whatever happens to the caller: once the insert is
         sent, its call is handed over or its slot given back, as when a worker thread made
-        it (a cancelled caller still raises CancelledError)."""
+        it (a cancelled caller still raises CancelledError). ``owner``: whose call it is (an
+        owner's calls take at most a share of the worker's slots this way)."""
 
         async def whole() -> T:
-            claim = self.reserve()
+            claim = self.reserve(owner)
             value: T | None = None
             try:
                 value = await making(claim)
                 return value
             finally:  # a call waiting for approval was not claimed: the worker finds that
-                self.settle(claim, made(value) if value is not None else None)
+                self.settle(claim, made(value) if value is not None else None, owner)
 
         task: asyncio.Task[T] = asyncio.ensure_future(whole())
         self._making.add(task)
@@ -70,11 +72,17 @@ class HandOff:
         if self._making:
             await asyncio.wait(set(self._making), timeout=timeout)
 
-    def reserve(self) -> Claim | None:
+    def reserve(self, owner: UUID | None = None) -> Claim | None:
         """Before making a call: the claim to make it with, or None (made unclaimed)."""
-        return self.worker.reserve() if self.worker is not None else None
+        return self.worker.reserve(owner) if self.worker is not None else None
 
-    def settle(self, claim: Claim | None, invocation_id: UUID | None) -> None:
+    def settle(
+        self, claim: Claim | None, invocation_id: UUID | None, owner: UUID | None = None
+    ) -> None:
         """After making it (``invocation_id`` None: none was made)."""
-        if claim is not None and self.worker is not None:
-            self.worker.adopt(invocation_id)
+        if self.worker is None:
+            return
+        if claim is not None:
+            self.worker.adopt(invocation_id, owner)
+        elif invocation_id is not None and self.worker.taking_hand_offs:
+            self.worker.poke()  # made unclaimed here: claimed in turn, without a NOTIFY

@@ -16,8 +16,9 @@ from toolrelay.db.queries import load
 from toolrelay.errors import ConfigurationError
 
 Row = dict[str, Any]
-# A worker's limited tools: calls of each it holds unsent, and those with no room left.
-Busy = tuple[Mapping[UUID, int], Sequence[UUID]]
+# What a worker holds, for its claim: calls of each limited tool it holds unsent, the tools
+# with no room left, and the calls of each owner it holds (the owners' turns).
+Busy = tuple[Mapping[UUID, int], Sequence[UUID], Mapping[UUID, int]]
 # The part of `finish` that makes a worker whose lease was taken over write nothing.
 FINISH_FENCE = " AND i.attempt = r.attempt AND i.lease_owner = %(worker)s"
 FINISH_ROWS = "SELECT done.*"  # what `finish` returns: the rows it wrote
@@ -116,9 +117,9 @@ class DispatchStore:
         if not written_rows:
             self.finish_query = self.finish_query.replace(FINISH_ROWS, "SELECT done.id")
         # The claim that also wakes this worker: its first CTE is the "wake" query.
-        head, picked, rest = self.q["claim"].partition("WITH picked AS (")
-        assert picked, "the claim query starts its CTEs with picked"
-        self.waking_claim = f"{head}WITH woke AS ({self.q['wake']}), picked AS ({rest}"
+        head, owners, rest = self.q["claim"].partition("WITH RECURSIVE owners AS (")
+        assert owners, "the claim query starts its CTEs with owners"
+        self.waking_claim = f"{head}WITH RECURSIVE woke AS ({self.q['wake']}), owners AS ({rest}"
         # The hand-off's rows (migration 0036) with the tool's part as the claim reads it.
         _, numbered, tail = self.q["claim"].partition("), numbered AS (")
         assert numbered, "the claim query's claimed CTE is followed by numbered"
@@ -131,7 +132,8 @@ class DispatchStore:
         self, limit: int, lease_seconds: float, wake: bool = False, busy: Busy | None = None
     ) -> list[Row]:
         """``wake``: this worker was registered asleep; the claim ends that too. ``busy``:
-        the limited tools' calls this worker holds unsent, and which of them are full."""
+        the limited tools' calls this worker holds unsent, which of them are full, and the
+        calls of each owner it holds (``Busy``)."""
         async with self.pool.connection() as conn:
             query = self.waking_claim if wake else self.q["claim"]
             cur = await conn.execute(query, self._claiming(limit, lease_seconds, busy))
@@ -163,9 +165,10 @@ class DispatchStore:
             return bool(row and row["asleep"]), share_tools(await claim_cur.fetchall())
 
     def _claiming(self, limit: int, lease_seconds: float, busy: Busy | None) -> dict[str, Any]:
-        held, full = busy if busy is not None else ({}, [])
+        held, full, owners = busy if busy is not None else ({}, [], {})
         return {"limit": limit, "worker": self.worker, "lease": lease_seconds,
-                "busy": Jsonb({str(tool): n for tool, n in held.items()}), "full": full}  # fmt: skip
+                "busy": Jsonb({str(tool): n for tool, n in held.items()}), "full": full,
+                "owners": Jsonb({str(owner): n for owner, n in owners.items()})}  # fmt: skip
 
     async def register(self, seconds: float) -> bool:
         """This worker follows the sleep protocol for ``seconds`` more; whether its

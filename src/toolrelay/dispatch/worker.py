@@ -92,6 +92,9 @@ EXPIRE_INTERVAL = 5.0  # seconds between sweeps of pending approvals past their 
 SHUTDOWN_GRACE = 10.0  # seconds in-flight calls get after SIGTERM
 DB_RETRY_DELAY = 0.5  # seconds between attempts to reach a database that went away
 CLAIM_BATCH = 64
+# The most of a worker's slots one owner's calls take by hand-off (``reserve``); past it
+# they queue, and the claim gives every owner with calls waiting its turn (migration 0051).
+HAND_OFF_SHARE = 0.5
 SUMMARY_ENV = "TOOLRELAY_SUMMARY_INTERVAL"
 SUMMARY_INTERVAL = 60.0  # seconds between summary lines
 # Seconds a worker passes a tool over after meeting its credential sealed with a master key
@@ -187,6 +190,9 @@ class Worker:
         # Calls of limited tools started here and not decided: a claim takes no more of a
         # tool than its limit less these (a full tool's calls wait in the queue, not here).
         self.tool_busy: Counter[UUID] = Counter()
+        # Calls of each owner started here and not decided: a claim counts an owner's turns
+        # from these (migration 0051), so a slot that frees goes to an owner holding fewer.
+        self.owner_busy: Counter[UUID] = Counter()
         # Tools whose credential is sealed with a master key this worker lacks: passed over
         # by its claims until then (monotonic), their calls left to workers with the key.
         self.keyless: dict[UUID, float] = {}
@@ -194,6 +200,7 @@ class Worker:
         # Calls this process is making, claimed for this worker as they are inserted
         # (``reserve``/``adopt``, migration 0036): each holds a slot until its row starts.
         self.reserved = 0
+        self.owner_reserved: Counter[UUID] = Counter()  # of those, by owner (``reserve``)
         self._adopting: Batcher[UUID, None] | None = None
         # In `serve`, the app's Outcomes.hand: its waiters wake as soon as `finish` commits,
         # without waiting for the NOTIFY (still sent, for every other process), and are
@@ -336,20 +343,36 @@ class Worker:
         stopping; ``reserve`` still needs a free slot). Read from any thread."""
         return self._adopting is not None and not self.stopping.is_set()
 
-    def reserve(self) -> Claim | None:
-        """A slot for a call this process is about to make: the claim to make it with
-        (worker id, lease seconds; Registry.invoke's ``claim``), or None when this worker is
-        not running or has no slot free (the call is then made unclaimed, and notifies).
+    def reserve(self, owner: UUID | None = None) -> Claim | None:
+        """A slot for a call this process is about to make (for ``owner``): the claim to
+        make it with (worker id, lease seconds; Registry.invoke's ``claim``), or None when
+        this worker is not running, has no slot free, or holds its share for that owner
+        (the call is then made unclaimed, and the claim gives owners their turns: ``poke``).
         Every reservation is followed by ``adopt``. Called in this worker's event loop."""
         if not self.taking_hand_offs or self._free() <= 0:
             return None
+        if owner is not None:
+            share = max(1, int(self.settings.concurrency * HAND_OFF_SHARE))
+            if self.owner_busy[owner] + self.owner_reserved[owner] >= share:
+                return None
+            self.owner_reserved[owner] += 1
         self.reserved += 1
         return self.settings.worker_id, self.settings.lease_seconds
 
-    def adopt(self, invocation_id: UUID | None) -> None:
+    def poke(self) -> None:
+        """A call was made unclaimed by this process: claim now rather than at the next
+        wake-up (a worker awake and sending is not notified)."""
+        self.wakeup.set()
+
+    def adopt(self, invocation_id: UUID | None, owner: UUID | None = None) -> None:
         """After ``reserve``: send the call made with that claim (None: no call was made;
         one that waits for approval was not claimed, and its read finds nothing to start).
         Its slot stays reserved until its row is read."""
+        if owner is not None:
+            if (left := self.owner_reserved[owner] - 1) > 0:
+                self.owner_reserved[owner] = left
+            else:
+                del self.owner_reserved[owner]
         if invocation_id is None or self._adopting is None:
             self.reserved -= 1
             if invocation_id is not None:  # stopping: its lease runs out, another claims it
@@ -464,6 +487,7 @@ class Worker:
     def _start(self, row: Row) -> None:
         self.metrics.claimed += 1
         self.sending += 1
+        self.owner_busy[row["owner"]] += 1
         limit = self._tool_limit(row)
         if limit is not None:
             self.tool_busy[row["tool_id"]] += 1
@@ -480,9 +504,13 @@ class Worker:
 
     # --- one invocation ------------------------------------------------------------------
 
-    def _decided(self) -> None:
+    def _decided(self, owner: UUID) -> None:
         """A call's outcome is known (or it was given up): its slot is free."""
         self.sending -= 1
+        if (left := self.owner_busy[owner] - 1) > 0:
+            self.owner_busy[owner] = left
+        else:
+            del self.owner_busy[owner]
         self.freed.set()
 
     async def _handle(self, row: Row, limit: asyncio.Semaphore | None) -> None:
@@ -500,7 +528,7 @@ class Worker:
             finally:
                 if limit is not None:
                     self._tool_done(row["tool_id"])
-                self._decided()
+                self._decided(row["owner"])
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             # The database went away mid-way: the lease expires and the row is recovered.
             log.warning(
@@ -589,9 +617,14 @@ class Worker:
         return [t for t, n in self.tool_busy.items() if n >= self.tool_limits[t][0]]
 
     def _busy(self) -> Busy:
-        """For the claim: the limited tools' calls held here, and the tools it passes over:
-        those with no room, and those whose credential it cannot open."""
-        return dict(self.tool_busy), [*self._full(), *self._keyless_tools()]
+        """For the claim: the limited tools' calls held here, the tools it passes over
+        (those with no room, and those whose credential it cannot open), and the calls of
+        each owner held here."""
+        return (
+            dict(self.tool_busy),
+            [*self._full(), *self._keyless_tools()],
+            dict(self.owner_busy),
+        )
 
     def _keyless_tools(self) -> list[UUID]:
         """The tools passed over now for a master key this worker lacks."""

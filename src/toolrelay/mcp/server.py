@@ -541,7 +541,9 @@ class _Handlers:
             return called
 
         try:  # with a slot of the in-process worker, if there is one (dispatch/handoff.py)
-            called = await self.handoff.make(making, lambda called: called.invocation_id)
+            called = await self.handoff.make(
+                making, lambda called: called.invocation_id, registry.owner
+            )
         except Unauthenticated as exc:  # a remembered token the call's check refused
             if self.forget is not None:
                 self.forget(await self.caller_for(ctx))  # the next request is a 401

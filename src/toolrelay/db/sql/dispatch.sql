@@ -3,6 +3,13 @@
 -- name: claim
 -- Claim up to %(limit)s runnable invocations (new, approved, due retries, or a dead
 -- worker's expired leases) and return each with the tool configuration to send it.
+-- Owners take turns (migration 0051): each owner's runnable calls in order, the nth of an
+-- owner's on turn n plus %(owners)s (owner id -> calls of it this worker holds), lowest
+-- turns first, the oldest first within a turn. Alone, an owner's calls come in the order
+-- they were made, as before; beside another's, a flood of them no longer takes every slot.
+-- Each owner's calls are locked as they are read (SKIP LOCKED: workers claiming at once
+-- take different calls), at most %(limit)s of each; those not claimed are unlocked with
+-- the statement.
 -- The tool's part (its settings, fingerprint, gating now, its credential row) is computed
 -- once per tool and returned on the first row of each tool only (tool_nth = 1; NULL on
 -- the others, which store.py fills from the first: the same statement read it, so the
@@ -12,17 +19,34 @@
 -- %(full)s (no room: its calls are not even looked at). Calls locked beyond a tool's room
 -- are not claimed (their locks end with the statement): claimed, they would wait for the
 -- tool inside the worker's slots, and nothing else, any owner's, would be sent meanwhile.
-WITH picked AS (
+WITH RECURSIVE owners AS (
+    -- every owner with calls in the runnable index: one probe each, in owner order
+    (SELECT owner FROM agents.tool_invocations WHERE status = 'running'
+      ORDER BY owner LIMIT 1)
+    UNION ALL
+    SELECT (SELECT i.owner FROM agents.tool_invocations i
+             WHERE i.status = 'running' AND i.owner > o.owner ORDER BY i.owner LIMIT 1)
+      FROM owners o
+     WHERE o.owner IS NOT NULL
+), turns AS (
+    SELECT c.id, c.tool_id, c.run_after,
+           row_number() OVER (PARTITION BY o.owner ORDER BY c.run_after)
+             + coalesce((%(owners)s::jsonb ->> o.owner::text)::int, 0) AS turn
+      FROM owners o
+     CROSS JOIN LATERAL (
+        SELECT i.id, i.tool_id, i.run_after FROM agents.tool_invocations i
+         WHERE i.owner = o.owner AND i.status = 'running' AND i.run_after <= now()
+           AND (i.lease_expires_at IS NULL OR i.lease_expires_at < now())
+           AND i.tool_id <> ALL (%(full)s::uuid[])
+         ORDER BY i.run_after
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED) c
+     WHERE o.owner IS NOT NULL
+), picked AS (
     SELECT l.id
       FROM (SELECT c.id, c.tool_id,
-                   row_number() OVER (PARTITION BY c.tool_id ORDER BY c.run_after) AS nth
-              FROM (SELECT id, tool_id, run_after FROM agents.tool_invocations
-                     WHERE status = 'running' AND run_after <= now()
-                       AND (lease_expires_at IS NULL OR lease_expires_at < now())
-                       AND tool_id <> ALL (%(full)s::uuid[])
-                     ORDER BY run_after
-                     LIMIT %(limit)s
-                       FOR UPDATE SKIP LOCKED) c) l
+                   row_number() OVER (PARTITION BY c.tool_id ORDER BY c.turn, c.run_after) AS nth
+              FROM (SELECT * FROM turns ORDER BY turn, run_after LIMIT %(limit)s) c) l
       LEFT JOIN agents.tools_registry t ON t.id = l.tool_id
      WHERE t.max_concurrency IS NULL
         OR l.nth <= t.max_concurrency - coalesce((%(busy)s::jsonb ->> l.tool_id::text)::int, 0)

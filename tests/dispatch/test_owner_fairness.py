@@ -1,0 +1,183 @@
+"""One owner's flood of calls does not keep another owner's calls waiting.
+
+Workers are shared by every tenant. The claim took the oldest runnable calls, whoever's:
+an owner (or its agent, looping) that queued thousands of calls to a slow upstream filled
+every slot a worker has, and each slot that freed went to that owner's next call, so
+another owner's call waited for the whole flood to be sent (hours, at 30 s a call). Now a
+claim takes turns between owners: each owner's calls queued in order, an owner's turn
+counted from the calls of it the worker already holds (tests/dispatch/test_tool_room.py is
+the same for one tool's ``max_concurrency``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from uuid import uuid4
+
+import psycopg
+from aiohttp import web
+
+from tests.dispatch.conftest import LOOPBACK_ONLY
+from tests.dispatch.upstream import Upstream
+from tests.registry.helpers import agent_with_tool
+from toolrelay.dispatch.worker import Worker, WorkerSettings
+from toolrelay.registry import Registry
+
+Drain = Callable[..., Awaitable[Worker]]
+WITHIN = 10.0  # seconds; a call stuck behind the flood fails the test instead
+
+
+class Held:
+    """An upstream route whose calls wait until released, one at a time or all."""
+
+    def __init__(self) -> None:
+        self.arrived: asyncio.Queue[str] = asyncio.Queue()  # every route's arrivals, in order
+        self.waiting: list[asyncio.Event] = []
+        self.all = asyncio.Event()
+
+    async def slow(self, _: web.Request, _hit: int) -> web.Response:
+        gate = asyncio.Event()
+        self.waiting.append(gate)
+        self.arrived.put_nowait("slow")
+        await asyncio.wait([asyncio.ensure_future(gate.wait()), asyncio.ensure_future(self.all.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        return web.json_response({"slow": True})
+
+    async def fast(self, _: web.Request, _hit: int) -> web.Response:
+        self.arrived.put_nowait("fast")
+        return web.json_response({"fast": True})
+
+    def release_one(self) -> None:
+        self.waiting.pop(0).set()
+
+    async def next_arrival(self) -> str:
+        return await asyncio.wait_for(self.arrived.get(), WITHIN)
+
+
+async def started(worker: Worker) -> None:
+    """Once the worker takes hand-offs (its start runs in this event loop: yield to it)."""
+    while not worker.taking_hand_offs:
+        await asyncio.sleep(0)
+
+
+def flood_and_one(
+    make_registry: Callable[[], Registry], upstream: Upstream, held: Held, flood: int
+) -> tuple[Registry, list[str], Callable[[], str]]:
+    """Owner A's ``flood`` calls of a slow tool, queued; and a way for owner B to make one
+    call of a fast tool (queued after all of A's)."""
+    upstream.routes["/slow"] = held.slow
+    upstream.routes["/fast"] = held.fast
+    flooding, other = make_registry(), make_registry()
+    agent, tool = agent_with_tool(flooding, endpoint_url=f"{upstream.base_url}/slow")
+    calls = [str(flooding.invoke(agent, tool["key"], {})) for _ in range(flood)]
+    other_agent, other_tool = agent_with_tool(other, endpoint_url=f"{upstream.base_url}/fast")
+    return flooding, calls, lambda: str(other.invoke(other_agent, other_tool["key"], {}))
+
+
+async def test_a_flood_queued_first_does_not_take_every_slot(
+    make_registry: Callable[[], Registry], upstream: Upstream, database_url: str, drain: Drain
+) -> None:
+    held = Held()
+    _, _, other_call = flood_and_one(make_registry, upstream, held, flood=20)
+    other_call()  # queued behind all 20
+    worker = Worker(
+        database_url, WorkerSettings(concurrency=4, lease_seconds=5.0), None, LOOPBACK_ONLY
+    )
+    running = asyncio.create_task(worker.run())
+    try:
+        # The first claim takes turns: the flood's oldest, then the other owner's, ...
+        arrivals = [await held.next_arrival() for _ in range(4)]
+        assert "fast" in arrivals, arrivals
+        assert arrivals.count("slow") == 3
+    finally:
+        held.all.set()
+        worker.stop()
+        await running
+    await drain()
+
+
+async def test_a_slot_freed_by_the_flood_goes_to_the_other_owners_call(
+    make_registry: Callable[[], Registry], upstream: Upstream, database_url: str, drain: Drain
+) -> None:
+    held = Held()
+    flooding, calls, other_call = flood_and_one(make_registry, upstream, held, flood=10)
+    worker = Worker(
+        database_url,
+        WorkerSettings(concurrency=2, lease_seconds=5.0, poll_interval=30.0),
+        None,
+        LOOPBACK_ONLY,
+    )
+    running = asyncio.create_task(worker.run())
+    try:
+        assert [await held.next_arrival() for _ in range(2)] == ["slow", "slow"]  # all slots
+        other_call()  # waits in the queue: the worker has no slot free
+        held.release_one()
+        # Before: the freed slot went to the flood's third call, the oldest queued.
+        assert await held.next_arrival() == "fast"
+        # and the flood goes on once the other owner has had its turn
+        held.release_one()
+        assert await held.next_arrival() == "slow"
+    finally:
+        held.all.set()
+        worker.stop()
+        await running
+    await drain()
+    assert all(flooding.get_invocation(c)["status"] == "completed" for c in calls)
+
+
+async def test_one_owner_alone_still_gets_every_slot(
+    make_registry: Callable[[], Registry], upstream: Upstream, database_url: str, drain: Drain
+) -> None:
+    """Turns are taken between owners with calls waiting; alone, an owner's calls fill the
+    worker as before, in the order they were made."""
+    held = Held()
+    _, calls, _ = flood_and_one(make_registry, upstream, held, flood=6)
+    worker = Worker(
+        database_url, WorkerSettings(concurrency=4, lease_seconds=5.0), None, LOOPBACK_ONLY
+    )
+    running = asyncio.create_task(worker.run())
+    try:
+        assert [await held.next_arrival() for _ in range(4)] == ["slow"] * 4
+        with psycopg.connect(database_url) as conn:
+            claimed = conn.execute(
+                "SELECT id::text FROM agents.tool_invocations WHERE id = ANY(%s::uuid[])"
+                " AND attempt = 1 ORDER BY id",
+                (calls,),
+            ).fetchall()
+        assert [c for (c,) in claimed] == sorted(calls[:4])  # the oldest four
+    finally:
+        held.all.set()
+        worker.stop()
+        await running
+    await drain()
+
+
+async def test_an_owner_takes_at_most_half_the_slots_by_hand_off(database_url: str) -> None:
+    """``serve`` hands its calls to its worker's free slots (migration 0036). Past half of
+    them for one owner, that owner's next calls are made unclaimed and queue, where the
+    claim gives every owner its turn: an agent looping through ``serve`` cannot take each
+    slot as it frees ahead of another owner's calls waiting in the queue."""
+    worker = Worker(
+        database_url,
+        WorkerSettings(concurrency=4, lease_seconds=5.0, poll_interval=30.0),
+        None,
+        LOOPBACK_ONLY,
+    )
+    running = asyncio.create_task(worker.run())
+    flooding, other = uuid4(), uuid4()
+    try:
+        await asyncio.wait_for(started(worker), WITHIN)
+        assert worker.reserve(flooding) is not None
+        assert worker.reserve(flooding) is not None
+        assert worker.reserve(flooding) is None  # half of 4 slots: its third call queues
+        assert worker.reserve(other) is not None  # another owner's is still handed over
+        assert worker.reserve(None) is not None  # a call of no stated owner: slots only
+        worker.adopt(None, flooding)  # one of its calls was not made after all
+        assert worker.reserve(flooding) is not None
+        for owner in (flooding, flooding, other, None):
+            worker.adopt(None, owner)
+        assert worker.reserved == 0 and not worker.owner_reserved
+    finally:
+        worker.stop()
+        await running
