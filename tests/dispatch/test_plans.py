@@ -125,3 +125,44 @@ async def test_the_workers_statements_are_not_planned_again_at_each_run(
         planned[label] = (row["generic_plans"], row["custom_plans"])
     assert {label: plans for label, plans in planned.items() if plans[1]} == {}
     assert all(generic >= RUNS - 5 for generic, _ in planned.values()), planned
+
+
+async def test_the_workers_statements_are_never_compiled(
+    registry: Registry, database_url: str
+) -> None:
+    # The claim's generic plan is costed for many owners with calls (it visits each): past
+    # jit_above_cost, PostgreSQL JIT-compiled it at every run, ~60 ms each on this machine
+    # for a statement of ~1 ms. Here every statement's estimate passes the threshold (this
+    # module's database of its own; a plan is compiled or not as it is made).
+    agent, tool = agent_with_tool(registry, endpoint_url="http://127.0.0.1:9/x")
+    ids = [registry.invoke(agent, tool["key"], {}) for _ in range(3)]
+    with registry.db.connect(autocommit=True) as admin:
+        row = admin.execute("SELECT current_database() AS name").fetchone()
+        assert row is not None
+        name = row["name"]
+        admin.execute(f'ALTER DATABASE "{name}" SET jit_above_cost = 0')
+    try:
+        async with open_pool(database_url, max_size=1) as pool:
+            store = DispatchStore(pool, "plan-test")
+            for _ in range(RUNS):
+                await store.claim(64, 30.0)
+                await store.adopt(ids)
+            async with pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT name, statement, parameter_types::text[] AS types"
+                    " FROM pg_prepared_statements"
+                )
+                compiled = {}
+                for statement in await cur.fetchall():
+                    args = ", ".join(LITERALS[t] for t in statement["types"])
+                    cur = await conn.execute(
+                        f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {statement['name']}({args})"
+                    )
+                    explained = await cur.fetchone()
+                    assert explained is not None
+                    plan = next(iter(explained.values()))[0]
+                    compiled[statement["statement"][:40]] = "JIT" in plan
+    finally:
+        with registry.db.connect(autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" RESET jit_above_cost')
+    assert len(compiled) == 2 and not any(compiled.values()), compiled

@@ -61,6 +61,11 @@ async def _as_dispatcher(conn: AsyncConnection[Any]) -> None:
     # anew at every run, and for the hand-off's read it chose to plan anew more than half
     # of the time (0.5 ms a plan: more than the statement's whole execution).
     await conn.execute("SET plan_cache_mode = force_generic_plan")
+    # A generic plan is costed for any number of owners with calls (the claim visits each):
+    # past jit_above_cost, PostgreSQL compiled the claim at every run, ~60 ms for a
+    # statement that takes ~1 ms (the drain fell from ~2,000 to ~450 calls/s). Nothing the
+    # worker runs is long enough for JIT to pay.
+    await conn.execute("SET jit = off")
     await conn.commit()
 
 
