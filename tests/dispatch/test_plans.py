@@ -35,6 +35,18 @@ LITERALS = {
 }  # fmt: skip
 
 
+def scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """How a plan (EXPLAIN's JSON) reads the calls table: (node type, index) for each read."""
+    found = []
+    if plan.get("Relation Name") == "tool_invocations" or "tool_invocations" in plan.get(
+        "Index Name", ""
+    ):
+        found.append((plan["Node Type"], plan.get("Index Name", "")))
+    for child in plan.get("Plans", ()):
+        found += scans(child)
+    return found
+
+
 def seq_scans(plan: dict[str, Any]) -> list[str]:
     """The relations a plan (EXPLAIN's JSON) reads by sequential scan."""
     found = [plan["Relation Name"]] if plan["Node Type"] == "Seq Scan" else []

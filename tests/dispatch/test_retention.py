@@ -133,7 +133,7 @@ def test_claim_scans_only_the_runnable_index(registry: Registry, db: Database) -
                 "worker": "explain",
                 "lease": 30,
                 "busy": "{}",
-                "full": [],
+                "full": "[]",
                 "owners": "{}",
             },
         ).fetchall()

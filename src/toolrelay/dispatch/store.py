@@ -172,7 +172,8 @@ class DispatchStore:
     def _claiming(self, limit: int, lease_seconds: float, busy: Busy | None) -> dict[str, Any]:
         held, full, owners = busy if busy is not None else ({}, [], {})
         return {"limit": limit, "worker": self.worker, "lease": lease_seconds,
-                "busy": Jsonb({str(tool): n for tool, n in held.items()}), "full": full,
+                "busy": Jsonb({str(tool): n for tool, n in held.items()}),
+                "full": Jsonb([str(tool) for tool in full]),
                 "owners": Jsonb({str(owner): n for owner, n in owners.items()})}  # fmt: skip
 
     async def register(self, seconds: float) -> bool:

@@ -16,7 +16,7 @@
 -- same version). Nothing about a call is decided on less than a per-row read would give.
 -- A tool with a max_concurrency gets no more calls than its room in this worker: its limit
 -- less %(busy)s (tool id -> calls of it this worker holds unsent), none when it is in
--- %(full)s (no room: its calls are not even looked at). Calls locked beyond a tool's room
+-- %(full)s (a JSON array of tool ids with no room: their calls are not even looked at). Calls locked beyond a tool's room
 -- are not claimed (their locks end with the statement): claimed, they would wait for the
 -- tool inside the worker's slots, and nothing else, any owner's, would be sent meanwhile.
 WITH RECURSIVE owners AS (
@@ -37,7 +37,10 @@ WITH RECURSIVE owners AS (
         SELECT i.id, i.tool_id, i.run_after FROM agents.tool_invocations i
          WHERE i.owner = o.owner AND i.status = 'running' AND i.run_after <= now()
            AND (i.lease_expires_at IS NULL OR i.lease_expires_at < now())
-           AND i.tool_id <> ALL (%(full)s::uuid[])
+           -- not "tool_id <> ALL (uuid[])": with one tool in the statistics PostgreSQL
+           -- estimated that to leave no row, and the generic plan then read all of the
+           -- owner's calls and sorted them instead of walking this index in order
+           AND NOT (%(full)s::jsonb ? coalesce(i.tool_id::text, ''))
          ORDER BY i.run_after
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED) c
