@@ -21,6 +21,7 @@ from aiohttp import web
 from tests.dispatch.conftest import LOOPBACK_ONLY
 from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import agent_with_tool
+from toolrelay.dispatch.store import DispatchStore, open_pool
 from toolrelay.dispatch.worker import Worker, WorkerSettings
 from toolrelay.registry import Registry
 
@@ -181,3 +182,22 @@ async def test_an_owner_takes_at_most_half_the_slots_by_hand_off(database_url: s
     finally:
         worker.stop()
         await running
+
+
+async def test_a_claim_fills_its_batch_from_owners_with_more_than_their_share(
+    make_registry: Callable[[], Registry], upstream: Upstream, database_url: str, drain: Drain
+) -> None:
+    """A claim first looks at each owner's share of its batch (8 calls, 4 owners: 2 each),
+    then, short of the batch, at more of those that had more: one owner with 10 calls and
+    three with one call each fill a claim of 8 (the three, and 5 of the ten in order)."""
+    big, *small = make_registry(), make_registry(), make_registry(), make_registry()
+    agent, tool = agent_with_tool(big, endpoint_url=f"{upstream.base_url}/a")
+    bigs = [str(big.invoke(agent, tool["key"], {})) for _ in range(10)]
+    smalls = []
+    for registry in small:
+        agent, tool = agent_with_tool(registry, endpoint_url=f"{upstream.base_url}/b")
+        smalls.append(str(registry.invoke(agent, tool["key"], {})))
+    async with open_pool(database_url, max_size=1) as pool:
+        claimed = {str(row["id"]) for row in await DispatchStore(pool, "fill-test").claim(8, 5.0)}
+    assert claimed == set(smalls) | set(bigs[:5])
+    await drain()

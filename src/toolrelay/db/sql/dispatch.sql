@@ -16,9 +16,10 @@
 -- same version). Nothing about a call is decided on less than a per-row read would give.
 -- A tool with a max_concurrency gets no more calls than its room in this worker: its limit
 -- less %(busy)s (tool id -> calls of it this worker holds unsent), none when it is in
--- %(full)s (a JSON array of tool ids with no room: their calls are not even looked at). Calls locked beyond a tool's room
--- are not claimed (their locks end with the statement): claimed, they would wait for the
--- tool inside the worker's slots, and nothing else, any owner's, would be sent meanwhile.
+-- %(full)s (a JSON array of tool ids with no room: their calls are not even looked at).
+-- Calls locked beyond a tool's room are not claimed (their locks end with the statement):
+-- claimed, they would wait for the tool inside the worker's slots, and nothing else, any
+-- owner's, would be sent meanwhile.
 WITH RECURSIVE owners AS (
     -- every owner with calls in the runnable index: one probe each, in owner order
     (SELECT owner FROM agents.tool_invocations WHERE status = 'running'
@@ -28,10 +29,14 @@ WITH RECURSIVE owners AS (
              WHERE i.status = 'running' AND i.owner > o.owner ORDER BY i.owner LIMIT 1)
       FROM owners o
      WHERE o.owner IS NOT NULL
-), turns AS (
-    SELECT c.id, c.tool_id, c.run_after,
-           row_number() OVER (PARTITION BY o.owner ORDER BY c.run_after)
-             + coalesce((%(owners)s::jsonb ->> o.owner::text)::int, 0) AS turn
+), share AS (
+    -- a first look takes the batch's share of each owner: the claim of 64 with 200 owners
+    -- queued reads 1 call of each, not 64 (8.8 ms a claim)
+    SELECT greatest(1, ceil(%(limit)s::numeric / greatest(count(*), 1)))::int AS n
+      FROM owners
+     WHERE owner IS NOT NULL
+), first_look AS (
+    SELECT o.owner, c.id, c.tool_id, c.run_after
       FROM owners o
      CROSS JOIN LATERAL (
         SELECT i.id, i.tool_id, i.run_after FROM agents.tool_invocations i
@@ -42,9 +47,29 @@ WITH RECURSIVE owners AS (
            -- owner's calls and sorted them instead of walking this index in order
            AND NOT (%(full)s::jsonb ? coalesce(i.tool_id::text, ''))
          ORDER BY i.run_after
-         LIMIT %(limit)s
+         LIMIT (SELECT n FROM share)
            FOR UPDATE SKIP LOCKED) c
      WHERE o.owner IS NOT NULL
+), second_look AS (
+    -- short of the batch: more of the owners that had more than their share
+    SELECT f.owner, c.id, c.tool_id, c.run_after
+      FROM (SELECT owner FROM first_look GROUP BY owner
+            HAVING count(*) >= (SELECT n FROM share)) f
+     CROSS JOIN LATERAL (
+        SELECT i.id, i.tool_id, i.run_after FROM agents.tool_invocations i
+         WHERE i.owner = f.owner AND i.status = 'running' AND i.run_after <= now()
+           AND (i.lease_expires_at IS NULL OR i.lease_expires_at < now())
+           AND NOT (%(full)s::jsonb ? coalesce(i.tool_id::text, ''))
+           AND i.id <> ALL (ARRAY(SELECT l.id FROM first_look l WHERE l.owner = f.owner))
+         ORDER BY i.run_after
+         LIMIT %(limit)s - (SELECT count(*) FROM first_look)
+           FOR UPDATE SKIP LOCKED) c
+     WHERE (SELECT count(*) FROM first_look) < %(limit)s
+), turns AS (
+    SELECT c.id, c.tool_id, c.run_after,
+           row_number() OVER (PARTITION BY c.owner ORDER BY c.run_after)
+             + coalesce((%(owners)s::jsonb ->> c.owner::text)::int, 0) AS turn
+      FROM (SELECT * FROM first_look UNION ALL SELECT * FROM second_look) c
 ), picked AS (
     SELECT l.id
       FROM (SELECT c.id, c.tool_id,
