@@ -11,9 +11,7 @@ database of its own, so that its one tool is the only one the statistics see.
 
 from __future__ import annotations
 
-from psycopg.types.json import Jsonb
-
-from tests.dispatch.test_plans import GROWN, LITERALS, RUNS, STATEMENTS, scans
+from tests.dispatch.test_plans import GROWN, LITERALS, RUNS, STATEMENTS, invoke_many, scans
 from tests.pgtest import own_database_url, own_db  # noqa: F401 (fixtures)
 from tests.registry.helpers import agent_with_tool
 from toolrelay.dispatch.store import DispatchStore, open_pool
@@ -24,13 +22,7 @@ async def test_the_claim_walks_the_runnable_calls_of_an_owner_with_one_tool(
     registry: Registry, database_url: str
 ) -> None:
     agent, tool = agent_with_tool(registry, endpoint_url="http://127.0.0.1:9/x")
-    with registry.db.as_owner(registry.owner) as conn:
-        conn.execute(
-            "SELECT fn_invoke_tool(a.id, t.id, %s || jsonb_build_object('n', g))"
-            " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g"
-            " WHERE a.name = %s AND t.key = %s",
-            (Jsonb({}), GROWN, agent, tool["key"]),
-        )
+    invoke_many(registry, agent, tool["key"], GROWN)
     with registry.db.connect(autocommit=True) as admin:
         admin.execute(
             "UPDATE agents.tool_invocations SET status = 'completed', finished_at = now()"

@@ -56,6 +56,12 @@ class Held:
         return await asyncio.wait_for(self.arrived.get(), WITHIN)
 
 
+def quiet_worker(database_url: str, slots: int) -> Worker:
+    """A worker that claims only when told (a slot freed, a notification): no 1 s poll."""
+    settings = WorkerSettings(concurrency=slots, lease_seconds=5.0, poll_interval=30.0)
+    return Worker(database_url, settings, None, LOOPBACK_ONLY)
+
+
 async def started(worker: Worker) -> None:
     """Once the worker takes hand-offs (its start runs in this event loop: yield to it)."""
     while not worker.taking_hand_offs:
@@ -103,12 +109,7 @@ async def test_a_slot_freed_by_the_flood_goes_to_the_other_owners_call(
 ) -> None:
     held = Held()
     flooding, calls, other_call = flood_and_one(make_registry, upstream, held, flood=10)
-    worker = Worker(
-        database_url,
-        WorkerSettings(concurrency=2, lease_seconds=5.0, poll_interval=30.0),
-        None,
-        LOOPBACK_ONLY,
-    )
+    worker = quiet_worker(database_url, slots=2)
     running = asyncio.create_task(worker.run())
     try:
         assert [await held.next_arrival() for _ in range(2)] == ["slow", "slow"]  # all slots
@@ -159,12 +160,7 @@ async def test_an_owner_takes_at_most_half_the_slots_by_hand_off(database_url: s
     them for one owner, that owner's next calls are made unclaimed and queue, where the
     claim gives every owner its turn: an agent looping through ``serve`` cannot take each
     slot as it frees ahead of another owner's calls waiting in the queue."""
-    worker = Worker(
-        database_url,
-        WorkerSettings(concurrency=4, lease_seconds=5.0, poll_interval=30.0),
-        None,
-        LOOPBACK_ONLY,
-    )
+    worker = quiet_worker(database_url, slots=4)
     running = asyncio.create_task(worker.run())
     flooding, other = uuid4(), uuid4()
     try:

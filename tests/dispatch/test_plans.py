@@ -35,6 +35,17 @@ LITERALS = {
 }  # fmt: skip
 
 
+def invoke_many(registry: Registry, agent: str, tool_key: str, n: int) -> None:
+    """``n`` calls of the tool, made in one statement as the owner."""
+    with registry.db.as_owner(registry.owner) as conn:
+        conn.execute(
+            "SELECT fn_invoke_tool(a.id, t.id, %s || jsonb_build_object('n', g))"
+            " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g"
+            " WHERE a.name = %s AND t.key = %s",
+            (Jsonb({}), n, agent, tool_key),
+        )
+
+
 def scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
     """How a plan (EXPLAIN's JSON) reads the calls table: (node type, index) for each read."""
     found = []
@@ -84,13 +95,7 @@ async def test_plans_made_on_a_small_queue_still_use_indexes_once_it_grew(
             for row in claimed
         ]  # fmt: skip
         await run_each(store, ids, claimed, results)  # as a worker starting on a small queue
-        with registry.db.as_owner(registry.owner) as conn:
-            conn.execute(
-                "SELECT fn_invoke_tool(a.id, t.id, %s || jsonb_build_object('n', g))"
-                " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g"
-                " WHERE a.name = %s AND t.key = %s",
-                (Jsonb({}), GROWN, agent, tool["key"]),
-            )
+        invoke_many(registry, agent, tool["key"], GROWN)
         async with pool.connection() as conn:
             cur = await conn.execute(
                 "SELECT name, statement, generic_plans, parameter_types::text[] AS types"
