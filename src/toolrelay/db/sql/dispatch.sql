@@ -8,8 +8,8 @@
 -- turns first, the oldest first within a turn. Alone, an owner's calls come in the order
 -- they were made, as before; beside another's, a flood of them no longer takes every slot.
 -- Each owner's calls are locked as they are read (SKIP LOCKED: workers claiming at once
--- take different calls), at most %(limit)s of each; those not claimed are unlocked with
--- the statement.
+-- take different calls): first each owner's share of the batch, then, if that came up
+-- short, more of those that had more; those not claimed are unlocked with the statement.
 -- The tool's part (its settings, fingerprint, gating now, its credential row) is computed
 -- once per tool and returned on the first row of each tool only (tool_nth = 1; NULL on
 -- the others, which store.py fills from the first: the same statement read it, so the
