@@ -454,6 +454,76 @@ async def test_while_calls_keep_coming_the_worker_looks_again_instead_of_sleepin
         await runner.cleanup()
 
 
+# At the next registration asleep, once: a call of the tool, inserted in the registration's
+# own statement, so that the claim pipelined after it (sleep_and_claim) is what finds it.
+CALL_AT_REGISTRATION = """
+CREATE TABLE public.armed (tool_id uuid);
+CREATE FUNCTION public.call_at_registration() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+DECLARE v_tool uuid;
+BEGIN
+    DELETE FROM public.armed RETURNING tool_id INTO v_tool;
+    IF v_tool IS NOT NULL THEN
+        INSERT INTO agents.tool_invocations (owner, tool_id, agent_id, input, status,
+                                             approval_status, config_fingerprint)
+        SELECT t.owner, t.id, s.agent_id, '{"at": "registration"}', 'running', 'not_required',
+               f.fingerprint
+          FROM agents.tools_registry t
+          JOIN agents.tool_assignments s ON s.tool_id = t.id
+          LEFT JOIN agents.tool_fingerprints f ON f.tool_id = t.id
+         WHERE t.id = v_tool;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER call_at_registration AFTER INSERT ON agents.dispatch_sleepers
+    FOR EACH ROW EXECUTE FUNCTION public.call_at_registration();
+"""
+
+
+async def test_a_call_found_by_the_registrations_claim_counts_as_calls_coming(
+    scene: Scene,
+) -> None:
+    """A worker registering asleep claims once more (sleep_and_claim), and that claim can
+    find the next call, made as the worker registered. It counts as calls coming like any
+    other claim's find: a worker that then looked at when calls came only by its other
+    claims registered asleep again after that call, and the call after it notified (two
+    registrations in a stream of three calls made one after another; seen in CI)."""
+    upstream, runner = await start_upstream()
+    tool = add_tool(scene.registry, key="echo.found", endpoint_url=f"{upstream.base_url}/f")
+    scene.registry.assign("bot", tool["key"])
+    with admin(scene) as conn:
+        conn.execute(COUNT_REGISTRATIONS)
+        conn.execute(CALL_AT_REGISTRATION)
+
+    def completed(inv: UUID) -> bool:
+        return bool(scene.registry.get_invocation(inv)["status"] == "completed")
+
+    def second_call() -> UUID | None:
+        with admin(scene) as conn:
+            row = conn.execute(
+                'SELECT id FROM agents.tool_invocations WHERE input = \'{"at": "registration"}\''
+                " AND status = 'completed'"
+            ).fetchone()
+        return row[0] if row else None  # type: ignore[return-value]
+
+    try:
+        async with running_worker(scene, "w-found", STAYING) as worker:
+            await wait_for(lambda: worker.asleep and sleepers(scene) == ["w-found"], "asleep")
+            before = registrations(scene)
+            with admin(scene) as conn:
+                conn.execute("INSERT INTO public.armed VALUES (%s)", (tool["id"],))
+            first = await asyncio.to_thread(scene.registry.invoke, "bot", tool["key"], {})
+            await wait_for(lambda: completed(first), "the first call completed")
+            # its worker registers asleep (calls had not kept coming yet): the second call
+            await wait_for(lambda: second_call() is not None, "the call found at registration")
+            third = await asyncio.to_thread(scene.registry.invoke, "bot", tool["key"], {})
+            await wait_for(lambda: completed(third), "the third call completed")
+            during = registrations(scene) - before
+        assert during == 1, during  # after the first call only
+    finally:
+        await runner.cleanup()
+
+
 def test_a_worker_looks_again_only_while_calls_come_closer_together_than_stay_awake() -> None:
     """The rule alone (no database): after calls found less than stay_awake apart, looks
     after 2, 4, 8 ms..., none past stay_awake since the last; calls further apart (a few a

@@ -302,9 +302,7 @@ class Worker:
                     self._start(row)
                 claimed = len(rows)
                 if claimed:
-                    now = time.monotonic()
-                    self._found_gap, self._found_at = now - self._found_at, now
-                    self._empty_looks = 0
+                    self._found()
                 if claimed == want or (claimed and self._filled_up(busy[1])):
                     # there may be more ready right now: past the calls of a tool that
                     # this claim filled, which it looked at and left
@@ -421,6 +419,12 @@ class Worker:
     def _result_linger(self) -> float:
         return RESULT_LINGER if self.sending else 0.0
 
+    def _found(self) -> None:
+        """A claim found calls: when, and how long after the last that did (``_stay_awake``)."""
+        now = time.monotonic()
+        self._found_gap, self._found_at = now - self._found_at, now
+        self._empty_looks = 0
+
     def _stay_awake(self) -> float | None:
         """How long to wait before looking again while calls keep coming (and count that
         look); None when they came further apart than ``stay_awake``, or none came for that
@@ -446,6 +450,7 @@ class Worker:
             self._start(row)
         self.asleep = asleep  # True even when rows came: the next claim wakes it
         if rows:
+            self._found()  # calls made as it registered: they are calls coming too
             return 0.0
         return self.settings.poll_interval if asleep else SLEEP_RETRY
 
