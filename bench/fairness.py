@@ -69,7 +69,7 @@ async def one_case(url: str, flood: int, delay: float, full_first: bool) -> dict
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     db = Database(url)
 
     def owner_with_tool(path: str) -> tuple[Registry, str]:

@@ -498,13 +498,13 @@ async def test_a_call_found_by_the_registrations_claim_counts_as_calls_coming(
     def completed(inv: UUID) -> bool:
         return bool(scene.registry.get_invocation(inv)["status"] == "completed")
 
-    def second_call() -> UUID | None:
+    def second_call() -> bool:
         with admin(scene) as conn:
             row = conn.execute(
-                'SELECT id FROM agents.tool_invocations WHERE input = \'{"at": "registration"}\''
-                " AND status = 'completed'"
+                "SELECT 1 FROM agents.tool_invocations"
+                " WHERE input ->> 'at' = 'registration' AND status = 'completed'"
             ).fetchone()
-        return row[0] if row else None  # type: ignore[return-value]
+        return row is not None
 
     try:
         async with running_worker(scene, "w-found", STAYING) as worker:
@@ -515,7 +515,7 @@ async def test_a_call_found_by_the_registrations_claim_counts_as_calls_coming(
             first = await asyncio.to_thread(scene.registry.invoke, "bot", tool["key"], {})
             await wait_for(lambda: completed(first), "the first call completed")
             # its worker registers asleep (calls had not kept coming yet): the second call
-            await wait_for(lambda: second_call() is not None, "the call found at registration")
+            await wait_for(second_call, "the call found at registration")
             third = await asyncio.to_thread(scene.registry.invoke, "bot", tool["key"], {})
             await wait_for(lambda: completed(third), "the third call completed")
             during = registrations(scene) - before

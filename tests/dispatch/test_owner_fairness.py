@@ -88,9 +88,7 @@ async def test_a_flood_queued_first_does_not_take_every_slot(
     held = Held()
     _, _, other_call = flood_and_one(make_registry, upstream, held, flood=20)
     other_call()  # queued behind all 20
-    worker = Worker(
-        database_url, WorkerSettings(concurrency=4, lease_seconds=5.0), None, LOOPBACK_ONLY
-    )
+    worker = quiet_worker(database_url, slots=4)
     running = asyncio.create_task(worker.run())
     try:
         # The first claim takes turns: the flood's oldest, then the other owner's, ...
@@ -135,9 +133,7 @@ async def test_one_owner_alone_still_gets_every_slot(
     worker as before, in the order they were made."""
     held = Held()
     _, calls, _ = flood_and_one(make_registry, upstream, held, flood=6)
-    worker = Worker(
-        database_url, WorkerSettings(concurrency=4, lease_seconds=5.0), None, LOOPBACK_ONLY
-    )
+    worker = quiet_worker(database_url, slots=4)
     running = asyncio.create_task(worker.run())
     try:
         assert [await held.next_arrival() for _ in range(4)] == ["slow"] * 4

@@ -116,6 +116,14 @@ def _summary_interval_from_env() -> float:
     return seconds
 
 
+def _one_less(counts: Counter[UUID], key: UUID) -> None:
+    """One fewer of ``key``, gone at none: what the claim is sent lists only what is held."""
+    if (left := counts[key] - 1) > 0:
+        counts[key] = left
+    else:
+        del counts[key]
+
+
 @dataclass
 class WorkerSettings:
     concurrency: int = 64
@@ -367,10 +375,7 @@ class Worker:
         one that waits for approval was not claimed, and its read finds nothing to start).
         Its slot stays reserved until its row is read."""
         if owner is not None:
-            if (left := self.owner_reserved[owner] - 1) > 0:
-                self.owner_reserved[owner] = left
-            else:
-                del self.owner_reserved[owner]
+            _one_less(self.owner_reserved, owner)
         if invocation_id is None or self._adopting is None:
             self.reserved -= 1
             if invocation_id is not None:  # stopping: its lease runs out, another claims it
@@ -512,10 +517,7 @@ class Worker:
     def _decided(self, owner: UUID) -> None:
         """A call's outcome is known (or it was given up): its slot is free."""
         self.sending -= 1
-        if (left := self.owner_busy[owner] - 1) > 0:
-            self.owner_busy[owner] = left
-        else:
-            del self.owner_busy[owner]
+        _one_less(self.owner_busy, owner)
         self.freed.set()
 
     async def _handle(self, row: Row, limit: asyncio.Semaphore | None) -> None:
@@ -611,11 +613,7 @@ class Worker:
         wake the loop to claim them, asleep or not."""
         if self.tool_busy[tool] >= self.tool_limits[tool][0]:
             self.wakeup.set()
-        left = self.tool_busy[tool] - 1
-        if left > 0:
-            self.tool_busy[tool] = left
-        else:
-            del self.tool_busy[tool]
+        _one_less(self.tool_busy, tool)
 
     def _full(self) -> list[UUID]:
         """The limited tools with no room left here."""
