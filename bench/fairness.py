@@ -11,6 +11,12 @@ toolrelay of another copy of src/ (a commit before migration 0051: the calls cla
 order they were made) in the same run. Each round runs in a child process with a fresh
 database migrated by that round's code, the upstream and the worker in its event loop.
 Loopback only; about 30 s a round at the defaults.
+
+``python -m bench.fairness --claim-cost [--baseline-src DIR]``: what one claim of 64 costs
+as owners with calls queued grow (1 owner of 4,000 calls to 1,000 owners of 4), as a worker
+runs it (its connection settings, the generic plan), each claim rolled back so that the
+next sees the same queue; the median of 20 after 5 to settle, in a fresh database for each
+shape, alternating with the baseline's code when given.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from bench.tables import print_table
 
 ROUNDS = 2  # per code, alternating
 SLOTS = 64
+SHAPES = ((1, 4000), (10, 400), (64, 63), (200, 20), (1000, 4))  # owners x calls queued each
+SETTLE, CLAIMS = 5, 20  # psycopg prepares at the fifth run
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -130,17 +138,76 @@ def measure(flood: int, delay: float) -> dict[str, dict[str, float]]:
     return out
 
 
-def child(src: Path | None, flood: int, delay: float) -> dict[str, dict[str, float]]:
+async def claim_ms(url: str, owners: int, calls: int) -> float:
+    """The median time of one claim of 64 (rolled back) with ``owners`` x ``calls`` queued."""
+    from toolrelay.db import Database
+    from toolrelay.db.migrate import migrate
+    from toolrelay.dispatch.store import DispatchStore, open_pool
+    from toolrelay.registry import Registry, ToolSpec
+
+    migrate(url)
+    db = Database(url)
+    spec = ToolSpec(key="t", name="t", endpoint_url="http://127.0.0.1:9/x",
+                    http_method="GET", egress_class="read_only")  # fmt: skip
+    for _ in range(owners):
+        registry = Registry(db, uuid.uuid4())
+        registry.create_agent("bot")
+        registry.register_tool(spec)
+        registry.assign("bot", "t")
+        with db.as_owner(registry.owner) as owner:
+            owner.execute(
+                "SELECT fn_invoke_tool(a.id, t.id, jsonb_build_object('n', g))"
+                " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g",
+                (calls,),
+            )
+    with db.connect(autocommit=True) as admin:
+        admin.execute("ANALYZE agents.tool_invocations")
+    times = []
+    async with open_pool(url, max_size=1) as pool:
+        store = DispatchStore(pool, "claim-cost")
+        for _ in range(SETTLE + CLAIMS):
+            async with pool.connection() as conn, conn.transaction(force_rollback=True):
+                began = time.perf_counter()
+                cur = await conn.execute(store.q["claim"], store._claiming(SLOTS, 60.0, None))
+                claimed = len(await cur.fetchall())
+                times.append(time.perf_counter() - began)
+            assert claimed == SLOTS, claimed
+    return statistics.median(times[SETTLE:]) * 1000
+
+
+def measure_claims() -> dict[str, float]:
+    """In a child: each shape on a fresh database; JSON on stdout's last line."""
+    out = {}
+    with scratch_server("toolrelay-claim-cost-") as pg:
+        for owners, calls in SHAPES:
+            url = pg.database("claimcost")
+            out[f"{owners} x {calls}"] = asyncio.run(claim_ms(url, owners, calls))
+    return out
+
+
+def child(src: Path | None, *args: str) -> Any:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [*([str(src)] if src else []), str(REPO), env.get("PYTHONPATH", "")]
     )
-    argv = python_module("bench.fairness", "measure", str(flood), str(delay))
+    argv = python_module("bench.fairness", *args)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"fairness child failed: {done.stderr[-2000:]}")
-    result: dict[str, dict[str, float]] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def claim_cost(baseline: Path | None) -> None:
+    codes = {"this code": None} | ({"baseline": baseline} if baseline else {})
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in codes}
+    for _ in range(ROUNDS):
+        for name, src in codes.items():
+            runs[name].append(child(src, "measure-claims"))
+    rows = [[f"{owners} x {calls}"] + [" / ".join(f"{r[f'{owners} x {calls}']:.2f}" for r in runs[name])
+             for name in codes] for owners, calls in SHAPES]  # fmt: skip
+    title = (f"one claim of {SLOTS}, generic plan, ms (median of {CLAIMS}; each round);"
+             f" {ROUNDS} rounds each, alternating")  # fmt: skip
+    print_table(["owners x calls queued", *codes], rows, title)
 
 
 def main(baseline: Path | None, flood: int, delay: float) -> None:
@@ -148,7 +215,7 @@ def main(baseline: Path | None, flood: int, delay: float) -> None:
     runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in codes}
     for _ in range(ROUNDS):
         for name, src in codes.items():
-            runs[name].append(child(src, flood, delay))
+            runs[name].append(child(src, "measure", str(flood), str(delay)))
     rows = []
     for name, results in runs.items():
         for case in ("queued behind", "slots full"):
@@ -164,10 +231,14 @@ def main(baseline: Path | None, flood: int, delay: float) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    base = Path(args[args.index("--baseline-src") + 1]) if "--baseline-src" in args else None
     if args[:1] == ["measure"]:
         print(json.dumps(measure(int(args[1]), float(args[2]))))
+    elif args[:1] == ["measure-claims"]:
+        print(json.dumps(measure_claims()))
+    elif "--claim-cost" in args:
+        claim_cost(base)
     else:
-        base = Path(args[args.index("--baseline-src") + 1]) if "--baseline-src" in args else None
         n = int(args[args.index("--flood") + 1]) if "--flood" in args else 320
         s = float(args[args.index("--seconds") + 1]) if "--seconds" in args else 1.0
         main(base, n, s)

@@ -32,6 +32,7 @@ STATEMENTS = {  # how each of the worker's statements starts (db/sql/dispatch.sq
 LITERALS = {
     "smallint": "64", "integer": "64", "bigint": "64", "numeric": "64",
     "double precision": "30", "text": "'plan-test'", "jsonb": "'[]'", "uuid[]": "'{}'",
+    "uuid": "'00000000-0000-0000-0000-000000000000'",
 }  # fmt: skip
 
 

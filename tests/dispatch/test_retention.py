@@ -135,6 +135,7 @@ def test_claim_scans_only_the_runnable_index(registry: Registry, db: Database) -
                 "busy": "{}",
                 "full": "[]",
                 "owners": "{}",
+                "after": "00000000-0000-0000-0000-000000000000",
             },
         ).fetchall()
     text = "\n".join(str(next(iter(r.values()))) for r in plan)

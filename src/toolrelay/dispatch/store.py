@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
@@ -39,6 +39,8 @@ TOOL_COLUMNS = (
 def share_tools(rows: list[Row]) -> list[Row]:
     """Give every claimed row its tool's columns, which the claim sent once per tool (the
     same statement read them: one version for all). The rows then share those values."""
+    for row in rows:
+        del row["walked_to"]
     firsts = {row["tool_id"]: row for row in rows if row["tool_nth"] == 1}
     for row in rows:
         if row.pop("tool_nth") != 1:
@@ -132,6 +134,10 @@ class DispatchStore:
         # Exists only to prove the chaos check can fail (docs/reliability.md); never set it.
         if os.environ.get("TOOLRELAY_TEST_UNSAFE_NO_FENCING") == "1":
             self.finish_query = self.finish_query.replace(FINISH_FENCE, "")
+        # The owner this worker's next claim goes on after (the claim visits a batch's worth
+        # of owners at a time, in owner order). Each worker starts somewhere else, so that
+        # workers started together do not all begin with the same owners.
+        self.after: UUID = uuid4()
 
     async def claim(
         self, limit: int, lease_seconds: float, wake: bool = False, busy: Busy | None = None
@@ -142,7 +148,7 @@ class DispatchStore:
         async with self.pool.connection() as conn:
             query = self.waking_claim if wake else self.q["claim"]
             cur = await conn.execute(query, self._claiming(limit, lease_seconds, busy))
-            return share_tools(await cur.fetchall())
+            return self._walked(await cur.fetchall())
 
     async def adopt(self, ids: Sequence[UUID]) -> list[Row]:
         """The calls claimed for this worker as they were made (migration 0036), as
@@ -167,11 +173,18 @@ class DispatchStore:
                     asleep_cur = await conn.execute(self.q["try_sleep"], params)
                     claim_cur = await conn.execute(self.q["claim"], params)
             row = await asleep_cur.fetchone()
-            return bool(row and row["asleep"]), share_tools(await claim_cur.fetchall())
+            return bool(row and row["asleep"]), self._walked(await claim_cur.fetchall())
+
+    def _walked(self, rows: list[Row]) -> list[Row]:
+        # A claim that took nothing leaves the cursor: its owners had no call to take now
+        # (or another worker's claim was locking them), and the next claim sees them again.
+        if rows:
+            self.after = rows[0]["walked_to"]
+        return share_tools(rows)
 
     def _claiming(self, limit: int, lease_seconds: float, busy: Busy | None) -> dict[str, Any]:
         held, full, owners = busy if busy is not None else ({}, [], {})
-        return {"limit": limit, "worker": self.worker, "lease": lease_seconds,
+        return {"limit": limit, "worker": self.worker, "lease": lease_seconds, "after": self.after,
                 "busy": Jsonb({str(tool): n for tool, n in held.items()}),
                 "full": Jsonb([str(tool) for tool in full]),
                 "owners": Jsonb({str(owner): n for owner, n in owners.items()})}  # fmt: skip

@@ -21,23 +21,44 @@
 -- claimed, they would wait for the tool inside the worker's slots, and nothing else, any
 -- owner's, would be sent meanwhile.
 WITH RECURSIVE owners AS (
-    -- every owner with calls in the runnable index: one probe each, in owner order
-    (SELECT owner FROM agents.tool_invocations WHERE status = 'running'
-      ORDER BY owner LIMIT 1)
+    -- The owners this claim visits: from the one after %(after)s (where this worker's last
+    -- claim stopped) in owner order, round to the first past the last, until %(limit)s of
+    -- them have a call runnable now or every owner has been seen once. One probe of the
+    -- runnable index an owner, and one to see if it has a call to take now (an owner whose
+    -- calls are all in flight or waiting to retry is passed, not counted). 1,000 owners
+    -- with calls cost a claim 7 ms when it visited all of them.
+    SELECT %(after)s::uuid AS owner, false AS lap, false AS ok, 0 AS n, 0 AS step
     UNION ALL
-    SELECT (SELECT i.owner FROM agents.tool_invocations i
-             WHERE i.status = 'running' AND i.owner > o.owner ORDER BY i.owner LIMIT 1)
+    SELECT s.owner, s.lap, r.ok, o.n + r.ok::int, o.step + 1
       FROM owners o
-     WHERE o.owner IS NOT NULL
+     CROSS JOIN LATERAL (
+        -- the next owner, else (once a lap) the first: the second is read only when the
+        -- first finds none
+        (SELECT i.owner, o.lap FROM agents.tool_invocations i
+          WHERE i.status = 'running' AND i.owner > o.owner ORDER BY i.owner LIMIT 1)
+        UNION ALL
+        (SELECT i.owner, true FROM agents.tool_invocations i
+          WHERE i.status = 'running' AND NOT o.lap ORDER BY i.owner LIMIT 1)
+        LIMIT 1) s
+     CROSS JOIN LATERAL (
+        SELECT EXISTS (
+            SELECT FROM agents.tool_invocations i
+             WHERE i.owner = s.owner AND i.status = 'running' AND i.run_after <= now()
+               AND (i.lease_expires_at IS NULL OR i.lease_expires_at < now())
+               AND NOT (%(full)s::jsonb ? coalesce(i.tool_id::text, ''))) AS ok
+        OFFSET 0) r  -- (not pulled up: ok is used twice, and would be computed twice)
+     WHERE o.n < %(limit)s
+       AND NOT (s.lap AND s.owner > %(after)s::uuid)
+), visited AS (
+    SELECT owner FROM owners WHERE ok
 ), share AS (
     -- a first look takes the batch's share of each owner: the claim of 64 with 200 owners
     -- queued reads 1 call of each, not 64 (8.8 ms a claim)
     SELECT greatest(1, ceil(%(limit)s::numeric / greatest(count(*), 1)))::int AS n
-      FROM owners
-     WHERE owner IS NOT NULL
+      FROM visited
 ), first_look AS (
     SELECT o.owner, c.id, c.tool_id, c.run_after
-      FROM owners o
+      FROM visited o
      CROSS JOIN LATERAL (
         SELECT i.id, i.tool_id, i.run_after FROM agents.tool_invocations i
          WHERE i.owner = o.owner AND i.status = 'running' AND i.run_after <= now()
@@ -49,7 +70,6 @@ WITH RECURSIVE owners AS (
          ORDER BY i.run_after
          LIMIT (SELECT n FROM share)
            FOR UPDATE SKIP LOCKED) c
-     WHERE o.owner IS NOT NULL
 ), second_look AS (
     -- short of the batch: more of the owners that had more than their share
     SELECT f.owner, c.id, c.tool_id, c.run_after
@@ -87,7 +107,9 @@ WITH RECURSIVE owners AS (
            lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
      WHERE i.id = ANY (ARRAY(SELECT id FROM picked))
  RETURNING i.id, i.owner, i.agent_id, i.tool_id, i.input, i.attempt, i.approval_status,
-           i.approval_expires_at, i.config_fingerprint, i.request_digest, i.sent_at
+           i.approval_expires_at, i.config_fingerprint, i.request_digest, i.sent_at,
+           -- where the next claim of this worker goes on from
+           (SELECT owner FROM owners ORDER BY step DESC LIMIT 1) AS walked_to
 ), numbered AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.tool_id) AS tool_nth FROM claimed c
 ), tools AS MATERIALIZED (
@@ -113,6 +135,7 @@ WITH RECURSIVE owners AS (
 )
 SELECT n.id, n.owner, n.agent_id, n.tool_id, n.input, n.attempt, n.approval_status,
        n.approval_expires_at, n.config_fingerprint, n.request_digest, n.sent_at, n.tool_nth,
+       n.walked_to,
        tools.current_fingerprint, tools.gated_now, tools.approval_ttl_seconds,
        tools.tool_key, tools.tool_status, tools.endpoint_url, tools.http_method,
        tools.request_template, tools.auth_method, tools.auth_placement,
@@ -136,7 +159,8 @@ SELECT n.id, n.owner, n.agent_id, n.tool_id, n.input, n.attempt, n.approval_stat
 -- store.py puts it in place of the claim's picked and claimed CTEs. attempt = 1: a call
 -- whose lease ran out and was claimed again by anyone is not this hand-off's any more.
 SELECT i.id, i.owner, i.agent_id, i.tool_id, i.input, i.attempt, i.approval_status,
-       i.approval_expires_at, i.config_fingerprint, i.request_digest, i.sent_at
+       i.approval_expires_at, i.config_fingerprint, i.request_digest, i.sent_at,
+       NULL::uuid AS walked_to
   FROM agents.tool_invocations i
  WHERE i.id = ANY (%(ids)s::uuid[]) AND i.lease_owner = %(worker)s AND i.attempt = 1
    AND coalesce(i.status, '') = 'running';
