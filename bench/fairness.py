@@ -6,7 +6,9 @@ owner B makes one call of a tool that answers at once; one worker of 64 slots (t
 default) sends them. Two cases: B's call made right after A's, before the worker starts
 ("queued behind"), and B's call made once the worker holds 64 of A's ("slots full"). For
 each: B's wait from its creation to its request reaching the upstream, and how long A's
-flood took (which turns must not slow). ``--baseline-src``: the same, alternating, with the
+flood took (which turns must not slow). A third case: A's calls hold all but 4 slots when
+B's call is made (a worker with calls in flight claimed once a quarter of its slots were
+free, so B waited for A's calls to end). ``--baseline-src``: the same, alternating, with the
 toolrelay of another copy of src/ (a commit before migration 0051: the calls claimed in the
 order they were made) in the same run. Each round runs in a child process with a fresh
 database migrated by that round's code, the upstream and the worker in its event loop.
@@ -43,10 +45,20 @@ ROUNDS = 2  # per code, alternating
 SLOTS = 64
 SHAPES = ((1, 4000), (10, 400), (64, 63), (200, 20), (1000, 4))  # owners x calls queued each
 SETTLE, CLAIMS = 5, 20  # psycopg prepares at the fifth run
+
+
+def cases(flood: int) -> list[tuple[str, int, int | None]]:
+    """(case, A's calls, B's call made once the worker holds this many of them)."""
+    return [("queued behind", flood, None), ("slots full", flood, SLOTS),
+            (f"{SLOTS - 4} of {SLOTS} slots held", SLOTS - 4, SLOTS - 4)]  # fmt: skip
+
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-async def one_case(url: str, flood: int, delay: float, full_first: bool) -> dict[str, float]:
+async def one_case(url: str, flood: int, delay: float, held: int | None) -> dict[str, float]:
+    """B's wait and A's flood's duration; B's call made once the worker holds ``held`` of
+    A's calls (None: before the worker starts)."""
     from toolrelay.db import Database
     from toolrelay.db.migrate import migrate
     from toolrelay.dispatch.egress import EgressPolicy
@@ -61,7 +73,7 @@ async def one_case(url: str, flood: int, delay: float, full_first: bool) -> dict
     async def slow(_: web.Request) -> web.Response:
         nonlocal slow_count
         slow_count += 1
-        if slow_count >= SLOTS:
+        if slow_count == held:
             slow_seen.set()
         await asyncio.sleep(delay)
         return web.json_response({"ok": True})
@@ -97,12 +109,12 @@ async def one_case(url: str, flood: int, delay: float, full_first: bool) -> dict
     egress = EgressPolicy(allow_hosts=frozenset(), allow_networks=(ipaddress.ip_network("127.0.0.1/32"),))  # fmt: skip
     worker = Worker(url, WorkerSettings(concurrency=SLOTS, lease_seconds=60.0), None, egress)
     made = 0.0
-    if not full_first:
+    if held is None:
         made = time.time()
         await asyncio.to_thread(other.invoke, "bot", fast_key, {})
     started = time.time()
     running = asyncio.create_task(worker.run())
-    if full_first:
+    if held is not None:
         await asyncio.wait_for(slow_seen.wait(), 60)
         made = time.time()
         await asyncio.to_thread(other.invoke, "bot", fast_key, {})
@@ -132,9 +144,9 @@ def measure(flood: int, delay: float) -> dict[str, dict[str, float]]:
     """In a child: both cases, each on a fresh database; JSON on stdout's last line."""
     out = {}
     with scratch_server("toolrelay-fairness-") as pg:
-        for case, full_first in (("queued behind", False), ("slots full", True)):
+        for case, calls, held in cases(flood):
             url = pg.database("fairness")
-            out[case] = asyncio.run(one_case(url, flood, delay, full_first))
+            out[case] = asyncio.run(one_case(url, calls, delay, held))
     return out
 
 
@@ -218,7 +230,7 @@ def main(baseline: Path | None, flood: int, delay: float) -> None:
             runs[name].append(child(src, "measure", str(flood), str(delay)))
     rows = []
     for name, results in runs.items():
-        for case in ("queued behind", "slots full"):
+        for case, _, _ in cases(flood):
             waits = [r[case]["wait_s"] for r in results]
             floods = [r[case]["flood_s"] for r in results]
             rows.append([name, case, " / ".join(f"{w:.3f}" for w in waits),

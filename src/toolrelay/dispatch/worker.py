@@ -79,6 +79,11 @@ RESULT_LINGER = 0.004  # seconds
 # few calls each instead of one per call (a claim costs PostgreSQL ~150 µs whatever its
 # size). A notification is not held back.
 CLAIM_GAP = 0.002  # seconds
+# With fewer slots free than a claim's batch (a quarter of the slots), the worker claims
+# once this long has passed since its last claim: when calls finish fast, a batch's worth
+# frees sooner than that and claims stay batched; when they are slow (an upstream taking
+# 30 s), a free slot is not left idle while calls wait (it was, until a quarter was free).
+PARTIAL_CLAIM_AFTER = 0.01  # seconds
 # Where the worker would register asleep but calls keep coming (its last two claims that
 # found calls were less than STAY_AWAKE apart, the last less than STAY_AWAKE ago): look
 # again after POLL_AWAKE, doubling at each empty look, until STAY_AWAKE has passed. Each
@@ -188,6 +193,7 @@ class Worker:
         self.asleep = False  # registered asleep: calls notify it; its next claim wakes it
         self._quiet = False  # the last wait ran out with calls in flight and none finished
         self._short_at = 0.0  # when the last claim found less than it asked for (0: full)
+        self._claimed_at = 0.0  # when the last claim was made (monotonic)
         self._found_at = 0.0  # when a claim last found calls (monotonic)
         self._found_gap = float("inf")  # seconds between the last two claims that found calls
         self._empty_looks = 0  # looks _stay_awake has scheduled since then
@@ -216,7 +222,8 @@ class Worker:
         self.on_outcomes: Callable[[Mapping[str, Row | None]], None] | None = None
         self._told: dict[str, Row] = {}  # id -> what the waiter's row takes of the claim
         # Claim in batches: while work is in flight, wait until a quarter of the slots are
-        # free rather than paying one claim round trip per finished call.
+        # free rather than paying one claim round trip per finished call (for at most
+        # PARTIAL_CLAIM_AFTER since the last claim).
         self._min_claim = max(1, min(CLAIM_BATCH, settings.concurrency) // 4)
         self._last_counts = Counts()
         self._endpoint_check = EndpointCheck(self.egress)
@@ -297,9 +304,16 @@ class Worker:
             free = self._free()
             claimed = 0
             timeout = self.settings.poll_interval
-            if free >= self._min_claim:
+            if free and free < self._min_claim:
+                # a batch's worth not free yet: wait for it, or claim for fewer in a moment
+                left = self._claimed_at + PARTIAL_CLAIM_AFTER - time.monotonic()
+                if left > 0:
+                    timeout = left
+                    free = 0
+            if free:
                 want = min(free, CLAIM_BATCH)
                 busy = self._busy()
+                self._claimed_at = time.monotonic()
                 rows = await self._db_call(
                     self.store.claim(want, self.settings.lease_seconds, self.asleep, busy)
                 )
@@ -443,6 +457,7 @@ class Worker:
 
     async def _sleep(self, free: int) -> float:
         """Register asleep and claim once more; how long to wait next (0: claim again)."""
+        self._claimed_at = time.monotonic()
         result = await self._db_call(
             self.store.sleep_and_claim(
                 min(free, CLAIM_BATCH), self.settings.lease_seconds, self._busy()
