@@ -4,7 +4,8 @@ A worker with calls in flight claimed only once a quarter of its slots were free
 claims when calls finish fast). With slow calls in the other slots, a call made meanwhile
 waited for them: 7 of 8 slots held by calls of 30 s, the next call waited up to 30 s with
 a slot idle (and the worker, not registered asleep, was not even told of it). Now the
-worker claims for fewer free slots once a short wait has passed since its last claim.
+worker claims for fewer free slots once no call has finished, and none was claimed, for
+50 ms (``PARTIAL_CLAIM_AFTER``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from tests.dispatch.test_owner_fairness import Held, Upstream, WITHIN, quiet_worker
+from tests.dispatch.test_owner_fairness import Held, quiet_worker
+from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import agent_with_tool
 from toolrelay.registry import Registry
 

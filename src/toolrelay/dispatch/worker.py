@@ -80,10 +80,13 @@ RESULT_LINGER = 0.004  # seconds
 # size). A notification is not held back.
 CLAIM_GAP = 0.002  # seconds
 # With fewer slots free than a claim's batch (a quarter of the slots), the worker claims
-# once this long has passed since its last claim: when calls finish fast, a batch's worth
-# frees sooner than that and claims stay batched; when they are slow (an upstream taking
-# 30 s), a free slot is not left idle while calls wait (it was, until a quarter was free).
-PARTIAL_CLAIM_AFTER = 0.01  # seconds
+# for them once no call has finished for this long (and none was claimed): calls that
+# finish fast free a batch's worth sooner and claims stay batched; while the calls left are
+# slow (an upstream taking 30 s), a free slot is not idle while calls wait (it was, until a
+# quarter of the slots were free). 10 ms, or counted from the last claim alone, claimed for
+# a few slots at a time in a drain of fast calls by 2 and 4 workers on a saturated machine
+# (+5-40 µs of PostgreSQL a call); a worker's loop can be held up that long there.
+PARTIAL_CLAIM_AFTER = 0.05  # seconds
 # Where the worker would register asleep but calls keep coming (its last two claims that
 # found calls were less than STAY_AWAKE apart, the last less than STAY_AWAKE ago): look
 # again after POLL_AWAKE, doubling at each empty look, until STAY_AWAKE has passed. Each
@@ -194,6 +197,7 @@ class Worker:
         self._quiet = False  # the last wait ran out with calls in flight and none finished
         self._short_at = 0.0  # when the last claim found less than it asked for (0: full)
         self._claimed_at = 0.0  # when the last claim was made (monotonic)
+        self._freed_at = 0.0  # when a call in flight last freed its slot (monotonic)
         self._found_at = 0.0  # when a claim last found calls (monotonic)
         self._found_gap = float("inf")  # seconds between the last two claims that found calls
         self._empty_looks = 0  # looks _stay_awake has scheduled since then
@@ -305,8 +309,10 @@ class Worker:
             claimed = 0
             timeout = self.settings.poll_interval
             if free and free < self._min_claim:
-                # a batch's worth not free yet: wait for it, or claim for fewer in a moment
-                left = self._claimed_at + PARTIAL_CLAIM_AFTER - time.monotonic()
+                # a batch's worth not free yet: wait for it, or claim for fewer once calls
+                # stop finishing
+                settled = max(self._claimed_at, self._freed_at)
+                left = settled + PARTIAL_CLAIM_AFTER - time.monotonic()
                 if left > 0:
                     timeout = left
                     free = 0
@@ -533,6 +539,7 @@ class Worker:
         """A call's outcome is known (or it was given up): its slot is free."""
         self.sending -= 1
         _one_less(self.owner_busy, owner)
+        self._freed_at = time.monotonic()
         self.freed.set()
 
     async def _handle(self, row: Row, limit: asyncio.Semaphore | None) -> None:
