@@ -226,8 +226,8 @@ class Worker:
         self.on_outcomes: Callable[[Mapping[str, Row | None]], None] | None = None
         self._told: dict[str, Row] = {}  # id -> what the waiter's row takes of the claim
         # Claim in batches: while work is in flight, wait until a quarter of the slots are
-        # free rather than paying one claim round trip per finished call (for at most
-        # PARTIAL_CLAIM_AFTER since the last claim).
+        # free rather than paying one claim round trip per finished call (or until no call
+        # has finished for PARTIAL_CLAIM_AFTER).
         self._min_claim = max(1, min(CLAIM_BATCH, settings.concurrency) // 4)
         self._last_counts = Counts()
         self._endpoint_check = EndpointCheck(self.egress)
