@@ -52,17 +52,26 @@ def read_tool(registry: Registry, key: str, url: str) -> dict[str, Any]:
 async def test_a_cookie_an_upstream_sets_goes_out_with_no_later_call(
     make_registry: Callable[[], Registry], upstream: Upstream, drain: Drain
 ) -> None:
-    upstream.routes["/login"] = sets_a_session
     owner_a, owner_b = make_registry(), make_registry()
     read_tool(owner_a, "sign.in", f"{by_name(upstream)}/login")
     read_tool(owner_b, "read.data", f"{by_name(upstream)}/data")
+    made: list[str] = []
+
+    async def signs_in_then_the_other_owner_calls(request: web.Request, hit: int) -> web.Response:
+        # Owner B's call is made once owner A's first answer (and its Set-Cookie) is in: the
+        # claim takes turns between owners, so made before, it could go first.
+        if hit == 2:
+            made.append(owner_b.invoke("bot", "read.data", {"text": "b"}))
+        return await sets_a_session(request, hit)
+
+    upstream.routes["/login"] = signs_in_then_the_other_owner_calls
     first = owner_a.invoke("bot", "sign.in", {"text": "a"})
     again = owner_a.invoke("bot", "sign.in", {"text": "a"})
-    other = owner_b.invoke("bot", "read.data", {"text": "b"})
 
-    # One worker, one call at a time, in the order made (the claim takes the oldest first):
-    # the first answer and its Set-Cookie are in before the next request is built.
+    # One worker, one call at a time (an owner's calls in the order made): each answer and
+    # its Set-Cookie are in before the next request is built.
     await drain(egress=LOOPBACK_BY_NAME, concurrency=1)
+    [other] = made
 
     statuses = [owner_a.get_invocation(first)["status"], owner_a.get_invocation(again)["status"],
                 owner_b.get_invocation(other)["status"]]  # fmt: skip
