@@ -10,10 +10,9 @@ worker claims for fewer free slots once no call has finished, and none was claim
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
-from tests.dispatch.test_owner_fairness import Held, quiet_worker
+from tests.dispatch.test_owner_fairness import Held, quiet_worker, sending
 from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import agent_with_tool
 from toolrelay.registry import Registry
@@ -30,17 +29,12 @@ async def test_a_call_made_while_most_slots_are_held_takes_a_free_one(
     for _ in range(7):
         slow.invoke(agent, tool["key"], {})
     worker = quiet_worker(database_url, slots=8)  # a quarter: 2 slots
-    running = asyncio.create_task(worker.run())
-    try:
+    async with sending(worker, held):
         assert [await held.next_arrival() for _ in range(7)] == ["slow"] * 7
         fast_agent, fast_tool = agent_with_tool(fast, endpoint_url=f"{upstream.base_url}/fast")
         call = fast.invoke(fast_agent, fast_tool["key"], {})
         assert await held.next_arrival() == "fast"  # before: only once 2 slow calls ended
         assert worker.sending == 7
-    finally:
-        held.all.set()
-        worker.stop()
-        await running
     assert fast.get_invocation(str(call))["status"] == "completed"
 
 
@@ -53,15 +47,10 @@ async def test_a_slot_freed_among_held_ones_takes_the_next_call(
     agent, tool = agent_with_tool(registry, endpoint_url=f"{upstream.base_url}/slow")
     calls = [registry.invoke(agent, tool["key"], {}) for _ in range(10)]
     worker = quiet_worker(database_url, slots=8)
-    running = asyncio.create_task(worker.run())
-    try:
+    async with sending(worker, held):
         assert [await held.next_arrival() for _ in range(8)] == ["slow"] * 8
         held.release_one()  # one slot free: before, the ninth call waited for a second
         assert await held.next_arrival() == "slow"
         held.release_one()
         assert await held.next_arrival() == "slow"
-    finally:
-        held.all.set()
-        worker.stop()
-        await running
     assert {registry.get_invocation(str(c))["status"] for c in calls} == {"completed"}

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from uuid import UUID, uuid4
 
 import psycopg
@@ -63,6 +64,19 @@ def quiet_worker(database_url: str, slots: int) -> Worker:
     return Worker(database_url, settings, None, LOOPBACK_ONLY)
 
 
+@asynccontextmanager
+async def sending(worker: Worker, held: Held) -> AsyncIterator[None]:
+    """The worker runs in this event loop; at the end every held call is let go, and the
+    worker stops (its calls in flight finish)."""
+    running = asyncio.create_task(worker.run())
+    try:
+        yield
+    finally:
+        held.all.set()
+        worker.stop()
+        await running
+
+
 async def started(worker: Worker) -> None:
     """Once the worker takes hand-offs (its start runs in this event loop: yield to it)."""
     while not worker.taking_hand_offs:
@@ -90,16 +104,11 @@ async def test_a_flood_queued_first_does_not_take_every_slot(
     _, _, other_call = flood_and_one(make_registry, upstream, held, flood=20)
     other_call()  # queued behind all 20
     worker = quiet_worker(database_url, slots=4)
-    running = asyncio.create_task(worker.run())
-    try:
+    async with sending(worker, held):
         # The first claim takes turns: the flood's oldest, then the other owner's, ...
         arrivals = [await held.next_arrival() for _ in range(4)]
         assert "fast" in arrivals, arrivals
         assert arrivals.count("slow") == 3
-    finally:
-        held.all.set()
-        worker.stop()
-        await running
     await drain()
 
 
@@ -109,8 +118,7 @@ async def test_a_slot_freed_by_the_flood_goes_to_the_other_owners_call(
     held = Held()
     flooding, calls, other_call = flood_and_one(make_registry, upstream, held, flood=10)
     worker = quiet_worker(database_url, slots=2)
-    running = asyncio.create_task(worker.run())
-    try:
+    async with sending(worker, held):
         assert [await held.next_arrival() for _ in range(2)] == ["slow", "slow"]  # all slots
         other_call()  # waits in the queue: the worker has no slot free
         held.release_one()
@@ -119,10 +127,6 @@ async def test_a_slot_freed_by_the_flood_goes_to_the_other_owners_call(
         # and the flood goes on once the other owner has had its turn
         held.release_one()
         assert await held.next_arrival() == "slow"
-    finally:
-        held.all.set()
-        worker.stop()
-        await running
     await drain()
     assert all(flooding.get_invocation(c)["status"] == "completed" for c in calls)
 
@@ -135,8 +139,7 @@ async def test_one_owner_alone_still_gets_every_slot(
     held = Held()
     _, calls, _ = flood_and_one(make_registry, upstream, held, flood=6)
     worker = quiet_worker(database_url, slots=4)
-    running = asyncio.create_task(worker.run())
-    try:
+    async with sending(worker, held):
         assert [await held.next_arrival() for _ in range(4)] == ["slow"] * 4
         with psycopg.connect(database_url) as conn:
             claimed = conn.execute(
@@ -145,10 +148,6 @@ async def test_one_owner_alone_still_gets_every_slot(
                 (calls,),
             ).fetchall()
         assert [c for (c,) in claimed] == sorted(calls[:4])  # the oldest four
-    finally:
-        held.all.set()
-        worker.stop()
-        await running
     await drain()
 
 
