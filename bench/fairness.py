@@ -45,6 +45,7 @@ ROUNDS = 2  # per code, alternating
 SLOTS = 64
 SHAPES = ((1, 4000), (10, 400), (64, 63), (200, 20), (1000, 4))  # owners x calls queued each
 SETTLE, CLAIMS = 5, 20  # psycopg prepares at the fifth run
+REPO = Path(__file__).resolve().parent.parent
 
 
 def cases(flood: int) -> list[tuple[str, int, int | None]]:
@@ -53,7 +54,27 @@ def cases(flood: int) -> list[tuple[str, int, int | None]]:
             (f"{SLOTS - 4} of {SLOTS} slots held", SLOTS - 4, SLOTS - 4)]  # fmt: skip
 
 
-REPO = Path(__file__).resolve().parent.parent
+def owner_with_tool(db: Any, url: str) -> Any:
+    """A new owner (its Registry) with agent "bot" assigned tool "t", a GET of ``url``."""
+    from toolrelay.registry import Registry, ToolSpec
+
+    registry = Registry(db, uuid.uuid4())
+    registry.create_agent("bot")
+    registry.register_tool(ToolSpec(key="t", name="t", endpoint_url=url, http_method="GET",
+                                    egress_class="read_only"))  # fmt: skip
+    registry.assign("bot", "t")
+    return registry
+
+
+def alternate(baseline: Path | None, *args: str) -> dict[str, list[Any]]:
+    """Each code's results of ``ROUNDS`` child runs of ``args``, this code and the
+    baseline's taking turns."""
+    codes = {"this code": None} | ({"baseline": baseline} if baseline else {})
+    runs: dict[str, list[Any]] = {name: [] for name in codes}
+    for _ in range(ROUNDS):
+        for name, src in codes.items():
+            runs[name].append(child(src, *args))
+    return runs
 
 
 async def one_case(url: str, flood: int, delay: float, held: int | None) -> dict[str, float]:
@@ -63,7 +84,6 @@ async def one_case(url: str, flood: int, delay: float, held: int | None) -> dict
     from toolrelay.db.migrate import migrate
     from toolrelay.dispatch.egress import EgressPolicy
     from toolrelay.dispatch.worker import Worker, WorkerSettings
-    from toolrelay.registry import Registry, ToolSpec
 
     migrate(url)
     arrived: dict[str, float] = {}
@@ -91,33 +111,21 @@ async def one_case(url: str, flood: int, delay: float, held: int | None) -> dict
     await site.start()
     port = runner.addresses[0][1]
     db = Database(url)
-
-    def owner_with_tool(path: str) -> tuple[Registry, str]:
-        registry = Registry(db, uuid.uuid4())
-        registry.create_agent("bot")
-        spec = ToolSpec(key="t", name="t", endpoint_url=f"http://127.0.0.1:{port}{path}",
-                        http_method="GET", egress_class="read_only")  # fmt: skip
-        registry.register_tool(spec)
-        registry.assign("bot", "t")
-        return registry, "t"
-
-    flooding, slow_key = owner_with_tool("/slow")
-    other, fast_key = owner_with_tool("/fast")
-    flood_ids = [
-        await asyncio.to_thread(flooding.invoke, "bot", slow_key, {}) for _ in range(flood)
-    ]
+    flooding = owner_with_tool(db, f"http://127.0.0.1:{port}/slow")
+    other = owner_with_tool(db, f"http://127.0.0.1:{port}/fast")
+    flood_ids = [await asyncio.to_thread(flooding.invoke, "bot", "t", {}) for _ in range(flood)]
     egress = EgressPolicy(allow_hosts=frozenset(), allow_networks=(ipaddress.ip_network("127.0.0.1/32"),))  # fmt: skip
     worker = Worker(url, WorkerSettings(concurrency=SLOTS, lease_seconds=60.0), None, egress)
     made = 0.0
     if held is None:
         made = time.time()
-        await asyncio.to_thread(other.invoke, "bot", fast_key, {})
+        await asyncio.to_thread(other.invoke, "bot", "t", {})
     started = time.time()
     running = asyncio.create_task(worker.run())
     if held is not None:
         await asyncio.wait_for(slow_seen.wait(), 60)
         made = time.time()
-        await asyncio.to_thread(other.invoke, "bot", fast_key, {})
+        await asyncio.to_thread(other.invoke, "bot", "t", {})
     while True:  # until the flood is recorded
         rows = await asyncio.to_thread(_unfinished, db, [str(i) for i in flood_ids])
         if rows == 0 and "fast" in arrived:
@@ -151,21 +159,16 @@ def measure(flood: int, delay: float) -> dict[str, dict[str, float]]:
 
 
 async def claim_ms(url: str, owners: int, calls: int) -> float:
-    """The median time of one claim of 64 (rolled back) with ``owners`` x ``calls`` queued."""
+    """The median time of one claim of 64 (rolled back) with ``owners`` x ``calls`` queued.
+    The store's private ``_claiming`` builds its parameters: so do baselines back to 0051."""
     from toolrelay.db import Database
     from toolrelay.db.migrate import migrate
     from toolrelay.dispatch.store import DispatchStore, open_pool
-    from toolrelay.registry import Registry, ToolSpec
 
     migrate(url)
     db = Database(url)
-    spec = ToolSpec(key="t", name="t", endpoint_url="http://127.0.0.1:9/x",
-                    http_method="GET", egress_class="read_only")  # fmt: skip
     for _ in range(owners):
-        registry = Registry(db, uuid.uuid4())
-        registry.create_agent("bot")
-        registry.register_tool(spec)
-        registry.assign("bot", "t")
+        registry = owner_with_tool(db, "http://127.0.0.1:9/x")
         with db.as_owner(registry.owner) as owner:
             owner.execute(
                 "SELECT fn_invoke_tool(a.id, t.id, jsonb_build_object('n', g))"
@@ -210,24 +213,16 @@ def child(src: Path | None, *args: str) -> Any:
 
 
 def claim_cost(baseline: Path | None) -> None:
-    codes = {"this code": None} | ({"baseline": baseline} if baseline else {})
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in codes}
-    for _ in range(ROUNDS):
-        for name, src in codes.items():
-            runs[name].append(child(src, "measure-claims"))
+    runs = alternate(baseline, "measure-claims")
     rows = [[f"{owners} x {calls}"] + [" / ".join(f"{r[f'{owners} x {calls}']:.2f}" for r in runs[name])
-             for name in codes] for owners, calls in SHAPES]  # fmt: skip
+             for name in runs] for owners, calls in SHAPES]  # fmt: skip
     title = (f"one claim of {SLOTS}, generic plan, ms (median of {CLAIMS}; each round);"
              f" {ROUNDS} rounds each, alternating")  # fmt: skip
-    print_table(["owners x calls queued", *codes], rows, title)
+    print_table(["owners x calls queued", *runs], rows, title)
 
 
 def main(baseline: Path | None, flood: int, delay: float) -> None:
-    codes = {"this code": None} | ({"baseline": baseline} if baseline else {})
-    runs: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in codes}
-    for _ in range(ROUNDS):
-        for name, src in codes.items():
-            runs[name].append(child(src, "measure", str(flood), str(delay)))
+    runs = alternate(baseline, "measure", str(flood), str(delay))
     rows = []
     for name, results in runs.items():
         for case, _, _ in cases(flood):

@@ -308,15 +308,9 @@ class Worker:
             free = self._free()
             claimed = 0
             timeout = self.settings.poll_interval
-            if free and free < self._min_claim:
-                # a batch's worth not free yet: wait for it, or claim for fewer once calls
-                # stop finishing
-                settled = max(self._claimed_at, self._freed_at)
-                left = settled + PARTIAL_CLAIM_AFTER - time.monotonic()
-                if left > 0:
-                    timeout = left
-                    free = 0
-            if free:
+            if batch_wait := self._batch_wait(free):
+                timeout = batch_wait
+            elif free:
                 want = min(free, CLAIM_BATCH)
                 busy = self._busy()
                 self._claimed_at = time.monotonic()
@@ -349,6 +343,15 @@ class Worker:
             if await self._drained(claimed):
                 return
             await self._wait(timeout)
+
+    def _batch_wait(self, free: int) -> float:
+        """How long to wait for a batch's worth of free slots before claiming (0: claim now,
+        or nothing is free): until no call has finished, and none was claimed, for
+        PARTIAL_CLAIM_AFTER."""
+        if not free or free >= self._min_claim:
+            return 0.0
+        settled = max(self._claimed_at, self._freed_at)
+        return max(0.0, settled + PARTIAL_CLAIM_AFTER - time.monotonic())
 
     def _free(self) -> int:
         """Slots for new calls: one per call not being sent, while the results waiting to
