@@ -16,9 +16,13 @@ Loopback only; about 30 s a round at the defaults.
 
 ``python -m bench.fairness --claim-cost [--baseline-src DIR]``: what one claim of 64 costs
 as owners with calls queued grow (1 owner of 4,000 calls to 1,000 owners of 4), as a worker
-runs it (its connection settings, the generic plan), each claim rolled back so that the
-next sees the same queue; the median of 20 after 5 to settle, in a fresh database for each
-shape, alternating with the baseline's code when given.
+runs it (its connection settings, the generic plan), each claim's calls put back so that
+the next sees the same queue; the median of 20 after 5 to settle, in a fresh database for
+each shape, alternating with the baseline's code when given.
+
+``python -m bench.fairness --full-tool [--baseline-src DIR]``: the same claim among 64
+owners while another owner has 0 to 100,000 calls queued for a tool with no room in the
+worker (a ``max_concurrency`` of 1, held), and one call of another tool behind them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from bench.tables import print_table
 ROUNDS = 2  # per code, alternating
 SLOTS = 64
 SHAPES = ((1, 4000), (10, 400), (64, 63), (200, 20), (1000, 4))  # owners x calls queued each
+FLOODS = (0, 1000, 10000, 100000)  # calls queued of a tool with no room
 SETTLE, CLAIMS = 5, 20  # psycopg prepares at the fifth run
 REPO = Path(__file__).resolve().parent.parent
 
@@ -159,11 +164,10 @@ def measure(flood: int, delay: float) -> dict[str, dict[str, float]]:
 
 
 async def claim_ms(url: str, owners: int, calls: int) -> float:
-    """The median time of one claim of 64 (rolled back) with ``owners`` x ``calls`` queued.
-    The store's private ``_claiming`` builds its parameters: so do baselines back to 0051."""
+    """The median time of one claim of 64 with ``owners`` x ``calls`` queued. The store's
+    private ``_claiming`` builds its parameters: so do baselines back to 0051."""
     from toolrelay.db import Database
     from toolrelay.db.migrate import migrate
-    from toolrelay.dispatch.store import DispatchStore, open_pool
 
     migrate(url)
     db = Database(url)
@@ -175,19 +179,80 @@ async def claim_ms(url: str, owners: int, calls: int) -> float:
                 " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g",
                 (calls,),
             )
+    return await timed_claims(db, url, None)
+
+
+async def timed_claims(db: Any, url: str, busy: Any) -> float:
+    """The median time of one claim of 64 as a worker runs it (its connection settings,
+    prepared at the fifth run: the generic plan), after ``SETTLE``. Each claim's calls are
+    put back as they were, in a statement of their own: a claim rolled back would not do,
+    psycopg forgets its prepared statements at a rollback (each run planned anew)."""
+    from toolrelay.dispatch.store import DispatchStore, open_pool
+
     with db.connect(autocommit=True) as admin:
         admin.execute("ANALYZE agents.tool_invocations")
     times = []
     async with open_pool(url, max_size=1) as pool:
         store = DispatchStore(pool, "claim-cost")
         for _ in range(SETTLE + CLAIMS):
-            async with pool.connection() as conn, conn.transaction(force_rollback=True):
+            async with pool.connection() as conn:
                 began = time.perf_counter()
-                cur = await conn.execute(store.q["claim"], store._claiming(SLOTS, 60.0, None))
-                claimed = len(await cur.fetchall())
+                cur = await conn.execute(store.q["claim"], store._claiming(SLOTS, 60.0, busy))
+                claimed = [row["id"] for row in await cur.fetchall()]
                 times.append(time.perf_counter() - began)
-            assert claimed == SLOTS, claimed
+                await conn.execute(
+                    "UPDATE agents.tool_invocations SET attempt = attempt - 1,"
+                    " lease_owner = NULL, lease_expires_at = NULL WHERE id = ANY(%s)",
+                    (claimed,),
+                )
+            assert len(claimed) == SLOTS, len(claimed)
     return statistics.median(times[SETTLE:]) * 1000
+
+
+async def full_tool_ms(url: str, queued: int) -> float:
+    """The median time of one claim of 64 while owner A has ``queued`` calls of a tool with
+    no room in this worker (its ``max_concurrency`` held) and one call of another tool
+    behind them, among 64 other owners with 4 calls each."""
+    from toolrelay.db import Database
+    from toolrelay.db.migrate import migrate
+    from toolrelay.registry import ToolSpec
+
+    migrate(url)
+    db = Database(url)
+    flooding = owner_with_tool(db, "http://127.0.0.1:9/x")
+    flooding.register_tool(ToolSpec(key="one", name="one", endpoint_url="http://127.0.0.1:9/y",
+                                    http_method="GET", egress_class="read_only",
+                                    max_concurrency=1))  # fmt: skip
+    flooding.assign("bot", "one")
+    with db.as_owner(flooding.owner) as owner:
+        owner.execute(
+            "SELECT fn_invoke_tool(a.id, t.id, jsonb_build_object('n', g))"
+            " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g"
+            " WHERE t.key = 'one'",
+            (queued,),
+        )
+        owner.execute("SELECT fn_invoke_tool(a.id, t.id, '{}') FROM agents.agents a,"
+                      " agents.tools_registry t WHERE t.key = 't'")  # fmt: skip
+        full = owner.execute("SELECT id FROM agents.tools_registry WHERE key = 'one'").fetchone()
+    for _ in range(SLOTS):
+        registry = owner_with_tool(db, "http://127.0.0.1:9/x")
+        with db.as_owner(registry.owner) as owner:
+            owner.execute(
+                "SELECT fn_invoke_tool(a.id, t.id, jsonb_build_object('n', g))"
+                " FROM agents.agents a, agents.tools_registry t, generate_series(1, 4) g"
+            )
+    assert full is not None
+    return await timed_claims(db, url, ({full["id"]: 1}, [full["id"]], {}))
+
+
+def measure_full_tool() -> dict[str, float]:
+    """In a child: each flood on a fresh database; JSON on stdout's last line."""
+    out = {}
+    with scratch_server("toolrelay-full-tool-") as pg:
+        for queued in FLOODS:
+            url = pg.database("fulltool")
+            out[str(queued)] = asyncio.run(full_tool_ms(url, queued))
+    return out
 
 
 def measure_claims() -> dict[str, float]:
@@ -221,6 +286,16 @@ def claim_cost(baseline: Path | None) -> None:
     print_table(["owners x calls queued", *runs], rows, title)
 
 
+def full_tool(baseline: Path | None) -> None:
+    runs = alternate(baseline, "measure-full-tool")
+    rows = [[f"{queued:,}"] + [" / ".join(f"{r[str(queued)]:.2f}" for r in runs[name])
+             for name in runs] for queued in FLOODS]  # fmt: skip
+    title = (f"one claim of {SLOTS} among {SLOTS} owners, generic plan, ms (median of"
+             f" {CLAIMS}; each round), while another owner has calls queued of a tool with"
+             f" no room; {ROUNDS} rounds each, alternating")  # fmt: skip
+    print_table(["calls queued of the full tool", *runs], rows, title)
+
+
 def main(baseline: Path | None, flood: int, delay: float) -> None:
     runs = alternate(baseline, "measure", str(flood), str(delay))
     rows = []
@@ -243,6 +318,10 @@ if __name__ == "__main__":
         print(json.dumps(measure(int(args[1]), float(args[2]))))
     elif args[:1] == ["measure-claims"]:
         print(json.dumps(measure_claims()))
+    elif args[:1] == ["measure-full-tool"]:
+        print(json.dumps(measure_full_tool()))
+    elif "--full-tool" in args:
+        full_tool(base)
     elif "--claim-cost" in args:
         claim_cost(base)
     else:
