@@ -19,7 +19,10 @@
 -- %(full)s (a JSON array of tool ids with no room: their calls are not even looked at).
 -- Calls locked beyond a tool's room are not claimed (their locks end with the statement):
 -- claimed, they would wait for the tool inside the worker's slots, and nothing else, any
--- owner's, would be sent meanwhile.
+-- owner's, would be sent meanwhile. Nor are a full tool's calls read (migration 0052): an
+-- owner with calls of one waiting (due, not in flight) is "clogged", and its calls are read
+-- tool by tool (agents.ready_tools), a full tool passed over with one probe however many
+-- it has queued.
 WITH RECURSIVE owners AS (
     -- The owners this claim visits: from the one after %(after)s (where this worker's last
     -- claim stopped) in owner order, round to the first past the last, until %(limit)s of
@@ -27,9 +30,10 @@ WITH RECURSIVE owners AS (
     -- runnable index an owner, and one to see if it has a call to take now (an owner whose
     -- calls are all in flight or waiting to retry is passed, not counted). 1,000 owners
     -- with calls cost a claim 7 ms when it visited all of them.
-    SELECT %(after)s::uuid AS owner, false AS lap, false AS ok, 0 AS n, 0 AS step
+    SELECT %(after)s::uuid AS owner, false AS lap, false AS ok, false AS clogged, 0 AS n,
+           0 AS step
     UNION ALL
-    SELECT s.owner, s.lap, r.ok, o.n + r.ok::int, o.step + 1
+    SELECT s.owner, s.lap, r.ok, r.clogged, o.n + r.ok::int, o.step + 1
       FROM owners o
      CROSS JOIN LATERAL (
         -- the next owner, else (once a lap) the first: the second is read only when the
@@ -41,16 +45,34 @@ WITH RECURSIVE owners AS (
           WHERE i.status = 'running' AND NOT o.lap ORDER BY i.owner LIMIT 1)
         LIMIT 1) s
      CROSS JOIN LATERAL (
-        SELECT EXISTS (
-            SELECT FROM agents.tool_invocations i
-             WHERE i.owner = s.owner AND i.status = 'running' AND i.run_after <= now()
-               AND (i.lease_expires_at IS NULL OR i.lease_expires_at < now())
-               AND NOT (%(full)s::jsonb ? coalesce(i.tool_id::text, ''))) AS ok
+        SELECT c.clogged, CASE WHEN c.clogged
+            THEN EXISTS (SELECT FROM agents.ready_tools(s.owner, %(full)s::jsonb, 1))
+            -- (in run_after order: the owner's calls waiting for a retry are not read)
+            ELSE coalesce((
+                SELECT true FROM agents.tool_invocations i
+                 WHERE i.owner = s.owner AND i.status = 'running' AND i.run_after <= now()
+                   AND (i.lease_expires_at IS NULL OR i.lease_expires_at < now())
+                   AND NOT (%(full)s::jsonb ? coalesce(i.tool_id::text, ''))
+                 ORDER BY i.run_after LIMIT 1), false) END AS ok
+          -- (looked for only in the owners of full tools: a tool's calls are its owner's)
+          FROM (SELECT s.owner = ANY (ARRAY(
+                        SELECT t.owner FROM agents.tools_registry t
+                         WHERE t.id = ANY (ARRAY(
+                            SELECT jsonb_array_elements_text(%(full)s::jsonb)::uuid))))
+                   AND EXISTS (
+                    SELECT FROM agents.tool_invocations i
+                     WHERE i.owner = s.owner AND i.status = 'running'
+                       AND i.tool_id = ANY (ARRAY(
+                            SELECT jsonb_array_elements_text(%(full)s::jsonb)::uuid))
+                       AND i.run_after <= now()
+                       AND (i.lease_expires_at IS NULL OR i.lease_expires_at < now()))
+                   AS clogged
+                OFFSET 0) c
         OFFSET 0) r  -- (not pulled up: ok is used twice, and would be computed twice)
      WHERE o.n < %(limit)s
        AND NOT (s.lap AND s.owner > %(after)s::uuid)
 ), visited AS (
-    SELECT owner FROM owners WHERE ok
+    SELECT owner, clogged FROM owners WHERE ok
 ), share AS (
     -- a first look takes the batch's share of each owner: the claim of 64 with 200 owners
     -- queued reads 1 call of each, not 64 (8.8 ms a claim)
@@ -70,11 +92,33 @@ WITH RECURSIVE owners AS (
          ORDER BY i.run_after
          LIMIT (SELECT n FROM share)
            FOR UPDATE SKIP LOCKED) c
+     WHERE NOT o.clogged
+    UNION ALL
+    -- a clogged owner's share, from up to that many of its tools with a call to take now,
+    -- an equal part of each (at most one call a tool more than the share is locked)
+    SELECT o.owner, c.id, c.tool_id, c.run_after
+      FROM visited o
+     CROSS JOIN share h
+     CROSS JOIN LATERAL (
+        SELECT array_agg(r.tool_id) AS ids
+          FROM agents.ready_tools(o.owner, %(full)s::jsonb, h.n) r) t
+     CROSS JOIN LATERAL unnest(t.ids) AS u(tool_id)
+     CROSS JOIN LATERAL (
+        SELECT i.id, i.tool_id, i.run_after FROM agents.tool_invocations i
+         WHERE i.owner = o.owner AND i.tool_id = u.tool_id AND i.status = 'running'
+           AND i.run_after <= now()
+           AND (i.lease_expires_at IS NULL OR i.lease_expires_at < now())
+         ORDER BY i.run_after
+         LIMIT ceil(h.n::numeric / cardinality(t.ids))::int
+           FOR UPDATE SKIP LOCKED) c
+     WHERE o.clogged
 ), second_look AS (
-    -- short of the batch: more of the owners that had more than their share
+    -- short of the batch: more of the owners that had more than their share (a clogged
+    -- owner's next calls wait for the next claim)
     SELECT f.owner, c.id, c.tool_id, c.run_after
-      FROM (SELECT owner FROM first_look GROUP BY owner
-            HAVING count(*) >= (SELECT n FROM share)) f
+      FROM (SELECT owner FROM first_look
+             WHERE owner IN (SELECT owner FROM visited WHERE NOT clogged)
+             GROUP BY owner HAVING count(*) >= (SELECT n FROM share)) f
      CROSS JOIN LATERAL (
         SELECT i.id, i.tool_id, i.run_after FROM agents.tool_invocations i
          WHERE i.owner = f.owner AND i.status = 'running' AND i.run_after <= now()
