@@ -19,6 +19,7 @@ from uuid import UUID, uuid4
 from psycopg import AsyncConnection
 
 from tests.dispatch.test_owner_fairness import forget
+from tests.dispatch.test_plans import STATEMENTS
 from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import add_tool, agent_with_tool
 from toolrelay.dispatch.store import Busy, DispatchStore, open_pool
@@ -67,18 +68,32 @@ async def index_fetches(conn: AsyncConnection[Any]) -> int:
 async def claim_and_reads(
     database_url: str, limit: int, busy: Busy | None, runs: int = 1
 ) -> tuple[list[str], int]:
-    """A claim, rolled back, ``runs`` times on one connection (from the sixth, a worker's
-    generic plan): the ids the last took, and the most rows of the calls table any run
-    fetched through an index."""
+    """A claim, its calls put back before the transaction commits, ``runs`` times on one
+    connection: the ids the last took, and the most rows of the calls table any run fetched
+    through an index. Not rolled back: psycopg forgets its prepared statements at a rollback,
+    and from the sixth run on one connection the claim runs on a worker's generic plan."""
     fetched = 0
     async with open_pool(database_url, max_size=1) as pool:
         store = DispatchStore(pool, "full-tool-test")
         for _ in range(runs):
-            async with pool.connection() as conn, conn.transaction(force_rollback=True):
+            async with pool.connection() as conn, conn.transaction():
                 before = await index_fetches(conn)
                 cur = await conn.execute(store.q["claim"], store._claiming(limit, 5.0, busy))
                 taken = [str(row["id"]) for row in await cur.fetchall()]
                 fetched = max(fetched, await index_fetches(conn) - before)
+                await conn.execute(
+                    "UPDATE agents.tool_invocations SET attempt = attempt - 1,"
+                    " lease_owner = NULL, lease_expires_at = NULL WHERE id = ANY(%s::uuid[])",
+                    (taken,),
+                )
+        if runs > 5:
+            async with pool.connection() as conn:
+                cur = await conn.execute(
+                    "SELECT generic_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+                    (STATEMENTS["claim"] + "%",),
+                )
+                plans = await cur.fetchone()
+            assert plans is not None and plans["generic_plans"] > 0, plans
     return taken, fetched
 
 
