@@ -172,14 +172,19 @@ async def claim_ms(url: str, owners: int, calls: int) -> float:
     migrate(url)
     db = Database(url)
     for _ in range(owners):
-        registry = owner_with_tool(db, "http://127.0.0.1:9/x")
-        with db.as_owner(registry.owner) as owner:
-            owner.execute(
-                "SELECT fn_invoke_tool(a.id, t.id, jsonb_build_object('n', g))"
-                " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g",
-                (calls,),
-            )
+        invoke_n(owner_with_tool(db, "http://127.0.0.1:9/x"), "t", calls)
     return await timed_claims(db, url, None)
+
+
+def invoke_n(registry: Any, tool_key: str, n: int) -> None:
+    """``n`` calls of the owner's tool by agent "bot", made in one statement."""
+    with registry.db.as_owner(registry.owner) as owner:
+        owner.execute(
+            "SELECT fn_invoke_tool(a.id, t.id, jsonb_build_object('n', g))"
+            " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g"
+            " WHERE t.key = %s",
+            (n, tool_key),
+        )
 
 
 async def timed_claims(db: Any, url: str, busy: Any) -> float:
@@ -220,28 +225,14 @@ async def full_tool_ms(url: str, queued: int) -> float:
     migrate(url)
     db = Database(url)
     flooding = owner_with_tool(db, "http://127.0.0.1:9/x")
-    flooding.register_tool(ToolSpec(key="one", name="one", endpoint_url="http://127.0.0.1:9/y",
-                                    http_method="GET", egress_class="read_only",
-                                    max_concurrency=1))  # fmt: skip
+    full = flooding.register_tool(ToolSpec(key="one", name="one", http_method="GET",
+                                           endpoint_url="http://127.0.0.1:9/y",
+                                           egress_class="read_only", max_concurrency=1))  # fmt: skip
     flooding.assign("bot", "one")
-    with db.as_owner(flooding.owner) as owner:
-        owner.execute(
-            "SELECT fn_invoke_tool(a.id, t.id, jsonb_build_object('n', g))"
-            " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g"
-            " WHERE t.key = 'one'",
-            (queued,),
-        )
-        owner.execute("SELECT fn_invoke_tool(a.id, t.id, '{}') FROM agents.agents a,"
-                      " agents.tools_registry t WHERE t.key = 't'")  # fmt: skip
-        full = owner.execute("SELECT id FROM agents.tools_registry WHERE key = 'one'").fetchone()
+    invoke_n(flooding, "one", queued)
+    invoke_n(flooding, "t", 1)
     for _ in range(SLOTS):
-        registry = owner_with_tool(db, "http://127.0.0.1:9/x")
-        with db.as_owner(registry.owner) as owner:
-            owner.execute(
-                "SELECT fn_invoke_tool(a.id, t.id, jsonb_build_object('n', g))"
-                " FROM agents.agents a, agents.tools_registry t, generate_series(1, 4) g"
-            )
-    assert full is not None
+        invoke_n(owner_with_tool(db, "http://127.0.0.1:9/x"), "t", 4)
     return await timed_claims(db, url, ({full["id"]: 1}, [full["id"]], {}))
 
 

@@ -19,25 +19,13 @@ from uuid import UUID, uuid4
 from psycopg import AsyncConnection
 
 from tests.dispatch.test_owner_fairness import forget
-from tests.dispatch.test_plans import STATEMENTS
+from tests.dispatch.test_plans import STATEMENTS, invoke_many
 from tests.dispatch.upstream import Upstream
 from tests.registry.helpers import add_tool, agent_with_tool
 from toolrelay.dispatch.store import Busy, DispatchStore, open_pool
 from toolrelay.registry import Registry
 
 FLOOD = 2000
-
-
-def queue(registry: Registry, tool_key: str, n: int) -> list[str]:
-    """``n`` calls of the tool by agent "bot", made in one statement; their ids in order."""
-    with registry.db.as_owner(registry.owner) as conn:
-        rows = conn.execute(
-            "SELECT fn_invoke_tool(a.id, t.id, jsonb_build_object('n', g)) AS id"
-            " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g"
-            " WHERE a.name = 'bot' AND t.key = %s ORDER BY g",
-            (n, tool_key),
-        ).fetchall()
-    return [str(row["id"]) for row in rows]
 
 
 def limited_tool(registry: Registry, upstream: Upstream, key: str) -> dict[str, Any]:
@@ -66,15 +54,18 @@ async def index_fetches(conn: AsyncConnection[Any]) -> int:
 
 
 async def claim_and_reads(
-    database_url: str, limit: int, busy: Busy | None, runs: int = 1
+    database_url: str, limit: int, busy: Busy | None, runs: int = 1, after: str | None = None
 ) -> tuple[list[str], int]:
     """A claim, its calls put back before the transaction commits, ``runs`` times on one
-    connection: the ids the last took, and the most rows of the calls table any run fetched
-    through an index. Not rolled back: psycopg forgets its prepared statements at a rollback,
-    and from the sixth run on one connection the claim runs on a worker's generic plan."""
+    connection (``after``: where the walk of owners starts): the ids the last took, and the
+    most rows of the calls table any run fetched through an index. Not rolled back: psycopg
+    forgets its prepared statements at a rollback, and from the sixth run on one connection
+    the claim runs on a worker's generic plan."""
     fetched = 0
     async with open_pool(database_url, max_size=1) as pool:
         store = DispatchStore(pool, "full-tool-test")
+        if after is not None:
+            store.after = UUID(after)
         for _ in range(runs):
             async with pool.connection() as conn, conn.transaction():
                 before = await index_fetches(conn)
@@ -103,11 +94,10 @@ async def test_a_claim_reads_none_of_a_full_tools_queued_calls(
     flooding, other = make_registry(), make_registry()
     agent_with_tool(flooding, key="t", endpoint_url=f"{upstream.base_url}/t")
     full = limited_tool(flooding, upstream, "one")
-    queue(flooding, "one", FLOOD)
-    [behind] = queue(flooding, "t", 1)  # made after the whole flood
+    invoke_many(flooding, "bot", "one", FLOOD)
+    [behind] = invoke_many(flooding, "bot", "t", 1)  # made after the whole flood
     agent_with_tool(other, key="t", endpoint_url=f"{upstream.base_url}/t")
-    others = queue(other, "t", 3)
-    made = {str(flooding.owner): [], str(other.owner): []}
+    others = invoke_many(other, "bot", "t", 3)
     try:
         taken, fetched = await claim_and_reads(database_url, 8, with_room_for_none(full), 12)
         assert sorted(taken) == sorted([behind, *others])
@@ -115,7 +105,7 @@ async def test_a_claim_reads_none_of_a_full_tools_queued_calls(
         # (4,000 and more fetched) before they were read tool by tool
         assert fetched < 100, fetched
     finally:
-        forget(database_url, made)
+        forget(database_url, {str(flooding.owner): [], str(other.owner): []})
 
 
 async def test_a_full_tools_owner_has_its_other_tools_calls_in_equal_parts(
@@ -128,8 +118,8 @@ async def test_a_full_tools_owner_has_its_other_tools_calls_in_equal_parts(
     full = limited_tool(registry, upstream, "one")
     add_tool(registry, key="h", endpoint_url=f"{upstream.base_url}/h")
     registry.assign("bot", "h")
-    queue(registry, "one", 50)
-    g, h = queue(registry, "g", 3), queue(registry, "h", 3)
+    invoke_many(registry, "bot", "one", 50)
+    g, h = invoke_many(registry, "bot", "g", 3), invoke_many(registry, "bot", "h", 3)
     try:
         taken, _ = await claim_and_reads(database_url, 4, with_room_for_none(full))
         assert Counter("g" if call in g else "h" if call in h else "?" for call in taken) == {
@@ -150,20 +140,16 @@ async def test_owners_with_only_a_full_tools_calls_do_not_hide_one_that_has_othe
         registry = make_registry()
         registry.create_agent("bot")
         fulls.append(UUID(str(limited_tool(registry, upstream, "one")["id"])))
-        queue(registry, "one", 20)
+        invoke_many(registry, "bot", "one", 20)
         clogged.append(str(registry.owner))
     ready = make_registry()
     agent_with_tool(ready, key="t", endpoint_url=f"{upstream.base_url}/t")
-    [call] = queue(ready, "t", 1)
+    [call] = invoke_many(ready, "bot", "t", 1)
     busy: Busy = ({tool: 1 for tool in fulls}, fulls, {})
     try:
-        async with open_pool(database_url, max_size=1) as pool:
-            for start in [*sorted(clogged), str(ready.owner), str(uuid4())]:
-                store = DispatchStore(pool, "full-walk-test")
-                store.after = UUID(start)
-                async with pool.connection() as conn, conn.transaction(force_rollback=True):
-                    cur = await conn.execute(store.q["claim"], store._claiming(2, 5.0, busy))
-                    assert [str(row["id"]) for row in await cur.fetchall()] == [call], start
+        for start in [*sorted(clogged), str(ready.owner), str(uuid4())]:
+            taken, _ = await claim_and_reads(database_url, 2, busy, after=start)
+            assert taken == [call], start
     finally:
         forget(database_url, {owner: [] for owner in [*clogged, str(ready.owner)]})
 
@@ -174,7 +160,7 @@ async def test_a_full_tools_calls_are_taken_again_once_it_has_room(
     registry = make_registry()
     registry.create_agent("bot")
     full = limited_tool(registry, upstream, "one")
-    first, *_ = queue(registry, "one", 5)
+    first, *_ = invoke_many(registry, "bot", "one", 5)
     try:
         taken, _ = await claim_and_reads(database_url, 4, with_room_for_none(full))
         assert taken == []

@@ -36,15 +36,16 @@ LITERALS = {
 }  # fmt: skip
 
 
-def invoke_many(registry: Registry, agent: str, tool_key: str, n: int) -> None:
-    """``n`` calls of the tool, made in one statement as the owner."""
+def invoke_many(registry: Registry, agent: str, tool_key: str, n: int) -> list[str]:
+    """``n`` calls of the tool, made in one statement as the owner; their ids in order."""
     with registry.db.as_owner(registry.owner) as conn:
-        conn.execute(
-            "SELECT fn_invoke_tool(a.id, t.id, %s || jsonb_build_object('n', g))"
+        rows = conn.execute(
+            "SELECT fn_invoke_tool(a.id, t.id, %s || jsonb_build_object('n', g)) AS id"
             " FROM agents.agents a, agents.tools_registry t, generate_series(1, %s) g"
-            " WHERE a.name = %s AND t.key = %s",
+            " WHERE a.name = %s AND t.key = %s ORDER BY g",
             (Jsonb({}), n, agent, tool_key),
-        )
+        ).fetchall()
+    return [str(row["id"]) for row in rows]
 
 
 def scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
