@@ -66,6 +66,7 @@ def claim_row(tool: Mapping[str, Any], inv_id: str, input: Mapping[str, Any]) ->
         "owner": uuid.uuid4(),
         "input": dict(input),
         "attempt": 1,
+        "approval_returns": 0,
         "tool_key": tool["key"],
         "tool_status": "active",
         "agent_status": "active",

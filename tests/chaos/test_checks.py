@@ -66,9 +66,11 @@ def arrival(seq: int = 1, action: str = "ok", status: int | None = 201, **fields
     )
 
 
-def attempt(n: int = 1, status: int | None = 201, code: str | None = None) -> AttemptRow:
+def attempt(
+    n: int = 1, status: int | None = 201, code: str | None = None, worker: str = "host:100:ab12"
+) -> AttemptRow:
     return AttemptRow(
-        id=n, invocation_id=INV, attempt=n, worker="w", status_code=status, error_code=code
+        id=n, invocation_id=INV, attempt=n, worker=worker, status_code=status, error_code=code
     )
 
 
@@ -175,6 +177,26 @@ def test_attempt_bounds() -> None:
     assert not check_attempt_bounds(data(read, [], twice)).ok
 
 
+def test_a_worker_frozen_while_giving_up_explains_one_more_give_up() -> None:
+    # attempt 3 gave up in a worker (pid 200) frozen before recording it; attempt 4, the
+    # next claim, gave up too; the frozen worker's row arrived when it woke
+    read = inv(method="GET", max_attempts=2, attempt=4)
+    rows = [
+        attempt(1, 500, "http_error"),
+        attempt(2, 503, "http_error"),
+        attempt(3, None, "network_error", worker="host:200:cd34"),
+        attempt(4, None, "network_error"),
+    ]
+    assert check_attempt_bounds(data(read, [], rows, frozen_pids=frozenset({200}))).ok
+    # the same rows with no worker frozen: a claim gave up twice for no reason
+    result = check_attempt_bounds(data(read, [], rows))
+    assert not result.ok
+    assert "2 of them giving up by workers never frozen" in result.violations[0]
+    # being frozen excuses a give-up, never a request past the limit
+    sent = [*rows[:2], attempt(3, 200, worker="host:200:cd34"), attempt(4, None, "network_error")]
+    assert not check_attempt_bounds(data(read, [], sent, frozen_pids=frozenset({200}))).ok
+
+
 def test_a_stale_result_over_the_last_claims_is_caught() -> None:
     # attempt 1's worker froze; attempt 2 took over and got 201; attempt 1 wrote its 200 last
     record = inv(method="GET", attempt=2, http_status=200)
@@ -274,3 +296,13 @@ def test_tools_whose_gating_changed_are_left_to_requests_as_approved() -> None:
     )
     result = check_gated(toggled)
     assert result.ok and "1 tools gated and ungated" in result.summary
+
+
+def test_a_claim_that_went_back_to_approval_counts_no_attempt() -> None:
+    # one attempt allowed; the first claim found the tool gated since and sent nothing
+    rows = [attempt(1, None, "approval_required"), attempt(2, 200)]
+    returned = inv(method="GET", max_attempts=1, attempt=2, approval_returns=1)
+    assert check_attempt_bounds(data(returned, [], rows)).ok
+    result = check_attempt_bounds(data(replace(returned, approval_returns=0), [], rows))
+    assert not result.ok
+    assert "attempt 2 went past the limit" in result.violations[0]

@@ -71,3 +71,51 @@ async def test_an_ungated_tool_still_sends_under_the_configuration_of_the_moment
     await drain()
     assert registry.get_invocation(inv_id)["status"] == "completed"
     assert [s.path for s in upstream.seen] == ["/b"]
+
+
+async def test_the_claim_that_waited_for_approval_costs_no_attempt(
+    registry: Registry, upstream: Upstream, drain: Drain
+) -> None:
+    """A tool allowed one attempt: the claim that put the call back to pending sent nothing,
+    so the approved call still has its one attempt (it used to fail "gave up after 1
+    attempts" unsent, the owner's approval wasted)."""
+    agent, tool = agent_with_tool(
+        registry, endpoint_url=f"{upstream.base_url}/items", max_attempts=1
+    )
+    inv_id = registry.invoke(agent, tool["key"], {"text": "x"})
+    registry.update_tool(tool["key"], {"requires_approval": True})
+    await drain()
+    assert registry.get_invocation(inv_id)["status"] == "pending"
+    registry.approve(inv_id)
+    await drain()
+    inv = registry.get_invocation(inv_id)
+    assert inv["status"] == "completed", inv["error"]
+    assert len(upstream.seen) == 1
+    assert [a["error_code"] for a in inv["attempts"]] == ["approval_required", None]
+
+
+async def test_an_approved_call_keeps_the_retries_left_when_it_was_gated(
+    registry: Registry, upstream: Upstream, drain: Drain
+) -> None:
+    """Two attempts: the first was refused (429), the tool was gated during the wait; after
+    the approval the second attempt is still the call's to make, and no third."""
+    agent, tool = agent_with_tool(
+        registry, endpoint_url=f"{upstream.base_url}/slow", max_attempts=2
+    )
+
+    async def gate_then_refuse(_request: web.Request, hit: int) -> web.StreamResponse:
+        if hit == 1:
+            registry.update_tool(tool["key"], {"requires_approval": True})
+        return web.json_response({"error": "busy"}, status=429, headers={"Retry-After": "0"})
+
+    upstream.routes["/slow"] = gate_then_refuse
+    inv_id = registry.invoke(agent, tool["key"], {})
+    await drain()
+    assert registry.get_invocation(inv_id)["status"] == "pending"
+    registry.approve(inv_id)
+    await drain()
+    inv = registry.get_invocation(inv_id)
+    # sent once more (refused again: the budget of two sends is spent), never a third time
+    assert upstream.hits["/slow"] == 2
+    assert (inv["status"], inv["http_status"]) == ("failed", 429)
+    assert [a["status_code"] for a in inv["attempts"]] == [429, None, 429]

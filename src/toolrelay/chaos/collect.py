@@ -17,7 +17,8 @@ from toolrelay.chaos.checks import AttemptRow, InvocationRow
 _INVOCATIONS = """
 SELECT i.id::text AS id, t.key AS tool, t.http_method AS method, t.idempotency_header,
        t.max_attempts, agents.tool_is_gated(t) AS gated, i.status, i.approval_status,
-       i.decided_by IS NOT NULL AS decided, i.error_code, i.http_status, i.attempt, i.output,
+       i.decided_by IS NOT NULL AS decided, i.error_code, i.http_status, i.attempt,
+       i.approval_returns, i.output,
        i.input, extract(epoch FROM i.created_at)::float8 AS created_at,
        extract(epoch FROM i.decided_at)::float8 AS decided_at, i.request_digest
   FROM agents.tool_invocations i JOIN agents.tools_registry t ON t.id = i.tool_id

@@ -457,7 +457,7 @@ class Run:
         self.phase("drain")
 
     async def _check(self, setup: Setup) -> None:
-        assert self.server is not None and self.upstream is not None
+        assert self.server is not None and self.upstream is not None and self.pool is not None
         assert self.approver is not None and self.log is not None and self.creator is not None
         cfg = self.cfg
         invocations, attempts = await asyncio.to_thread(read_database, self.db_url)
@@ -491,6 +491,7 @@ class Run:
             hosts=self.log.hosts,
             committed=self.creator.committed,
             drain_exit=self.drain_result.get("exit_code"),
+            frozen_pids=frozenset(self.pool.frozen_pids),
         )
         self.report.checks = run_checks(data)
         self.phase("check")
@@ -595,8 +596,9 @@ class Run:
             ),
             "changed_sent": sum(1 for i in changed if seen(i.id)),
             "made_ungated_then_gated": len(gated),
-            # back to pending at the claim, then approved: sent only after that
-            "waited_for_approval": sum(1 for i in gated if i.decided),
+            # back to pending at the claim, then approved, then sent (the claim that waited
+            # counted no attempt: a tool allowed one still sends it)
+            "waited_for_approval": sum(1 for i in gated if i.decided and seen(i.id)),
             "gated_sent_unapproved": sum(1 for i in gated if seen(i.id) and not i.decided),
         }
 

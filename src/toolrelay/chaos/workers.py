@@ -41,6 +41,7 @@ class WorkerPool:
     slots: list[Slot] = field(default_factory=list)
     events: Counter[str] = field(default_factory=Counter)
     exits: list[dict[str, object]] = field(default_factory=list)
+    frozen_pids: set[int] = field(default_factory=set)  # every process ever stalled
     _watchers: set[asyncio.Task[None]] = field(default_factory=set)
     _closing: bool = False
 
@@ -118,6 +119,7 @@ class WorkerPool:
         if slot.process is not None and slot.process.returncode is None:
             slot.process.send_signal(signal.SIGSTOP)
             slot.stalled = True
+            self.frozen_pids.add(slot.process.pid)
             self.events["stalled"] += 1
 
     def resume(self, index: int) -> None:

@@ -185,7 +185,7 @@ class Executor:
         if (
             response.status == 401
             and row["auth_method"] == "oauth"
-            and row["attempt"] < row["max_attempts"]
+            and tries(row) < row["max_attempts"]
             and self.refused_credential is not None
             and await self.refused_credential(row)
         ):  # refused before it was processed, as a 429: sent again with a fresh token
@@ -395,12 +395,18 @@ def precheck(row: Mapping[str, Any]) -> Outcome | None:
     return None
 
 
+def tries(row: Mapping[str, Any]) -> int:
+    """The attempts that count against the tool's max_attempts: a claim that put the call
+    back to pending approval sent nothing and counts none (migration 0053)."""
+    return int(row["attempt"]) - int(row["approval_returns"])
+
+
 def on_failure(row: Mapping[str, Any], failure: SendFailure, write: bool) -> Outcome:
-    attempts_left = row["attempt"] < row["max_attempts"]
+    attempts_left = tries(row) < row["max_attempts"]
     if not failure.left:
         if attempts_left and failure.code == "network_error":
             return Outcome.retry(
-                retry.backoff(row["attempt"]), failure.code, failure.message, never_left=True
+                retry.backoff(tries(row)), failure.code, failure.message, never_left=True
             )
         return Outcome.failed(failure.code, failure.message)
     if write:
@@ -412,14 +418,14 @@ def on_failure(row: Mapping[str, Any], failure: SendFailure, write: bool) -> Out
         )
     if attempts_left and failure.code in ("network_error", "timeout"):
         return Outcome.retry(
-            retry.backoff(row["attempt"]), failure.code, failure.message, never_left=False
+            retry.backoff(tries(row)), failure.code, failure.message, never_left=False
         )
     return Outcome.failed(failure.code, failure.message)
 
 
 def on_response(row: Mapping[str, Any], response: Response, write: bool) -> Outcome:
     status = response.status
-    attempts_left = row["attempt"] < row["max_attempts"]
+    attempts_left = tries(row) < row["max_attempts"]
     if 200 <= status < 300:
         return completed(row, response)
     too_long = retry.waits_too_long(response) if status in (429, 503) else None
@@ -434,7 +440,7 @@ def on_response(row: Mapping[str, Any], response: Response, write: bool) -> Outc
     if attempts_left and retry.refused_unprocessed(response):
         delay = retry.retry_after(response)
         return Outcome.retry(
-            delay if delay is not None else retry.backoff(row["attempt"]),
+            delay if delay is not None else retry.backoff(tries(row)),
             "http_error",
             f"HTTP {status}: refused, retrying",
             never_left=True,
@@ -443,7 +449,7 @@ def on_response(row: Mapping[str, Any], response: Response, write: bool) -> Outc
     if attempts_left and not write and status in retry.RETRYABLE_READ_STATUSES:
         delay = retry.retry_after(response)
         return Outcome.retry(
-            delay if delay is not None else retry.backoff(row["attempt"]),
+            delay if delay is not None else retry.backoff(tries(row)),
             "http_error",
             f"HTTP {status}",
             never_left=False,

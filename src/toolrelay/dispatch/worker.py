@@ -42,7 +42,7 @@ from toolrelay.db.queries import load
 from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, DEFAULT_MAX_ANSWER, AnswerBudget
 from toolrelay.dispatch.egress import ALLOW_ENV, EgressPolicy, make_connector
-from toolrelay.dispatch.executor import Attempt, Executor, credential_row, precheck
+from toolrelay.dispatch.executor import Attempt, Executor, credential_row, precheck, tries
 from toolrelay.dispatch.http import outbound_session
 from toolrelay.dispatch.metrics import Counts, Metrics, serve_metrics
 from toolrelay.dispatch.outcome import HANDED_BACK, Outcome
@@ -614,7 +614,7 @@ class Worker:
                     "the worker sending this write stopped before recording a result; it may"
                     " have reached the upstream, so it is not sent again",
                 ), []
-        if row["attempt"] > row["max_attempts"]:
+        if tries(row) > row["max_attempts"]:
             return Outcome.failed(
                 "outcome_unknown" if row["sent_at"] else "network_error",
                 f"gave up after {row['max_attempts']} attempts",

@@ -150,8 +150,9 @@ WITH RECURSIVE owners AS (
        SET attempt = i.attempt + 1, lease_owner = %(worker)s,
            lease_expires_at = now() + make_interval(secs => %(lease)s), updated_at = now()
      WHERE i.id = ANY (ARRAY(SELECT id FROM picked))
- RETURNING i.id, i.owner, i.agent_id, i.tool_id, i.input, i.attempt, i.approval_status,
-           i.approval_expires_at, i.config_fingerprint, i.request_digest, i.sent_at,
+ RETURNING i.id, i.owner, i.agent_id, i.tool_id, i.input, i.attempt, i.approval_returns,
+           i.approval_status, i.approval_expires_at, i.config_fingerprint, i.request_digest,
+           i.sent_at,
            -- where the next claim of this worker goes on from
            (SELECT owner FROM owners ORDER BY step DESC LIMIT 1) AS walked_to
 ), numbered AS (
@@ -177,9 +178,9 @@ WITH RECURSIVE owners AS (
       LEFT JOIN agents.credentials k ON k.id = t.credential_ref
      WHERE t.id IN (SELECT tool_id FROM claimed)
 )
-SELECT n.id, n.owner, n.agent_id, n.tool_id, n.input, n.attempt, n.approval_status,
-       n.approval_expires_at, n.config_fingerprint, n.request_digest, n.sent_at, n.tool_nth,
-       n.walked_to,
+SELECT n.id, n.owner, n.agent_id, n.tool_id, n.input, n.attempt, n.approval_returns,
+       n.approval_status, n.approval_expires_at, n.config_fingerprint, n.request_digest,
+       n.sent_at, n.tool_nth, n.walked_to,
        tools.current_fingerprint, tools.gated_now, tools.approval_ttl_seconds,
        tools.tool_key, tools.tool_status, tools.endpoint_url, tools.http_method,
        tools.request_template, tools.auth_method, tools.auth_placement,
@@ -202,9 +203,9 @@ SELECT n.id, n.owner, n.agent_id, n.tool_id, n.input, n.attempt, n.approval_stat
 -- 0036; `serve` hands them over), returned as the claim returns its rows: not run alone,
 -- store.py puts it in place of the claim's picked and claimed CTEs. attempt = 1: a call
 -- whose lease ran out and was claimed again by anyone is not this hand-off's any more.
-SELECT i.id, i.owner, i.agent_id, i.tool_id, i.input, i.attempt, i.approval_status,
-       i.approval_expires_at, i.config_fingerprint, i.request_digest, i.sent_at,
-       NULL::uuid AS walked_to
+SELECT i.id, i.owner, i.agent_id, i.tool_id, i.input, i.attempt, i.approval_returns,
+       i.approval_status, i.approval_expires_at, i.config_fingerprint, i.request_digest,
+       i.sent_at, NULL::uuid AS walked_to
   FROM agents.tool_invocations i
  WHERE i.id = ANY (%(ids)s::uuid[]) AND i.lease_owner = %(worker)s AND i.attempt = 1
    AND coalesce(i.status, '') = 'running';
@@ -285,6 +286,8 @@ UPDATE agents.tool_invocations i
                                   ELSE i.approval_expires_at END,
        config_fingerprint = CASE WHEN r.status = 'pending' THEN r.fingerprint
                                  ELSE i.config_fingerprint END,
+       -- this claim sent nothing: it counts no attempt (migration 0053)
+       approval_returns = i.approval_returns + (r.status = 'pending')::int,
        lease_owner = NULL,
        lease_expires_at = NULL,
        run_after = CASE WHEN r.status = 'running'
