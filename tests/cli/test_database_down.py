@@ -34,7 +34,7 @@ COMMANDS = [
     ["tool", "list"],
     ["credential", "list"],
     ["invocations", "list"],
-    ["approve", str(uuid.uuid4())],
+    ["approve", "00000000-0000-4000-8000-000000000001"],  # fixed: test ids match across runs
     ["worker", "--drain"],
 ]
 
