@@ -402,11 +402,12 @@ def tries(row: Mapping[str, Any]) -> int:
 
 
 def on_failure(row: Mapping[str, Any], failure: SendFailure, write: bool) -> Outcome:
-    attempts_left = tries(row) < row["max_attempts"]
+    tried = tries(row)
+    attempts_left = tried < row["max_attempts"]
     if not failure.left:
         if attempts_left and failure.code == "network_error":
             return Outcome.retry(
-                retry.backoff(tries(row)), failure.code, failure.message, never_left=True
+                retry.backoff(tried), failure.code, failure.message, never_left=True
             )
         return Outcome.failed(failure.code, failure.message)
     if write:
@@ -417,15 +418,14 @@ def on_failure(row: Mapping[str, Any], failure: SendFailure, write: bool) -> Out
             " the upstream may have processed it, so it is not sent again",
         )
     if attempts_left and failure.code in ("network_error", "timeout"):
-        return Outcome.retry(
-            retry.backoff(tries(row)), failure.code, failure.message, never_left=False
-        )
+        return Outcome.retry(retry.backoff(tried), failure.code, failure.message, never_left=False)
     return Outcome.failed(failure.code, failure.message)
 
 
 def on_response(row: Mapping[str, Any], response: Response, write: bool) -> Outcome:
     status = response.status
-    attempts_left = tries(row) < row["max_attempts"]
+    tried = tries(row)
+    attempts_left = tried < row["max_attempts"]
     if 200 <= status < 300:
         return completed(row, response)
     too_long = retry.waits_too_long(response) if status in (429, 503) else None
@@ -440,7 +440,7 @@ def on_response(row: Mapping[str, Any], response: Response, write: bool) -> Outc
     if attempts_left and retry.refused_unprocessed(response):
         delay = retry.retry_after(response)
         return Outcome.retry(
-            delay if delay is not None else retry.backoff(tries(row)),
+            delay if delay is not None else retry.backoff(tried),
             "http_error",
             f"HTTP {status}: refused, retrying",
             never_left=True,
@@ -449,7 +449,7 @@ def on_response(row: Mapping[str, Any], response: Response, write: bool) -> Outc
     if attempts_left and not write and status in retry.RETRYABLE_READ_STATUSES:
         delay = retry.retry_after(response)
         return Outcome.retry(
-            delay if delay is not None else retry.backoff(tries(row)),
+            delay if delay is not None else retry.backoff(tried),
             "http_error",
             f"HTTP {status}",
             never_left=False,

@@ -2,9 +2,9 @@
 -- tool at its max_concurrency waits in the queue"). The claim skipped them one row at a
 -- time: an owner's 100,000 calls queued for a tool limited to 1 made every claim of every
 -- worker, whoever's calls it took, read all of them (91–106 ms a claim of 64 against
--- 6–7 ms), twice when the owner had another call behind them. An owner with calls waiting for a full tool
--- is "clogged"; its calls are then read tool by tool through this index, a full tool's
--- passed over with one probe whatever it has queued.
+-- 6–7 ms), twice when the owner had another call behind them. An owner with calls waiting
+-- for a full tool is "clogged"; its calls are then read tool by tool through this index, a
+-- full tool's passed over with one probe whatever it has queued.
 CREATE INDEX tool_invocations_runnable_tool_idx ON agents.tool_invocations (owner, tool_id, run_after)
     WHERE status = 'running';
 
