@@ -283,3 +283,36 @@ def test_agent_identity_expires_only_its_own_calls(office: Office, db: Database,
     assert expired is not None and expired["n"] == 1
     assert registry.get_invocation(mine)["status"] == "expired"
     assert registry.get_invocation(theirs)["status"] == "pending"
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_definer_helpers_tell_an_agent_nothing_of_what_it_is_not_assigned(
+    office: Office, db: Database, door: str
+) -> None:
+    # Helpers that read past row-level security answer an agent identity about another
+    # agent's tool as they answer about an unknown id: not whether it exists, is gated or
+    # has rules. Its own gated tool it still learns about (the invoke path asks).
+    registry = office.registry
+    registry.update_tool("notes.list", {"requires_approval": True})
+    _owner_sql(
+        db, registry.owner,
+        "INSERT INTO agents.tool_policies (tool_id, name, action, input_schema)"
+        " VALUES (%s, 'rule', 'reject', '{}') RETURNING id", (office.other_tool,),
+    )  # fmt: skip
+    unknown = UUID(int=1)
+    with as_agent(db, door, registry.owner, office.bot) as conn:
+
+        def answer(sql: str, arg: UUID) -> Any:
+            row = conn.execute(sql, (arg,)).fetchone()
+            assert row is not None
+            return row["v"]
+
+        policed = "SELECT agents.tool_policed(%s) AS v"
+        assert answer(policed, office.other_tool) == answer(policed, unknown) is None
+        assert answer(policed, office.bot_tool) is False  # gated, no rules
+        stamp = "SELECT agents.agent_tools_stamp(%s) AS v"
+        assert answer(stamp, office.other_agent) == answer(stamp, unknown) is None
+        assert answer(stamp, office.bot) is not None
+    with db.as_owner(registry.owner) as conn:  # the owner is told
+        row = conn.execute(policed, (office.other_tool,)).fetchone()
+        assert row is not None and row["v"] is True
