@@ -4,8 +4,10 @@ invocations would send (credential masked), and approves or rejects them.
 Server-rendered (Jinja2, autoescaped), a little plain JS that refreshes the list, no
 third-party assets. Text that agents or upstreams control goes through ``shown``: control,
 bidi and invisible format characters are drawn as marked escapes (``\\u202e``), never raw;
-the masked credential is a badge drawn from ``Part.secret``, not from any text. The owner token lives in an HttpOnly, SameSite=Strict cookie; every
-form carries a CSRF token bound to it, and cross-site form posts are refused.
+the masked credential is a badge drawn from ``Part.secret``, not from any text. A pasted
+token is traded for a page session's own token (at most 8 hours, revoked by signing out or
+by revoking the pasted token), kept in an HttpOnly, SameSite=Strict cookie; every form
+carries a CSRF token bound to it, and cross-site form posts are refused.
 """
 
 from __future__ import annotations
@@ -298,10 +300,13 @@ def sign_in(request: Request, context: Ctx, token: Annotated[str, Form()] = "") 
         return _signin(
             context, 403, "That is an agent token. Agents cannot approve; use an owner token."
         )
+    session = context.signins.page_session(token.strip())
+    if session is None:  # revoked or expired between the two statements
+        return _signin(context, 401, "That token was not accepted: it ended as you signed in")
     response = RedirectResponse("/approvals", status_code=303)
     response.set_cookie(
         COOKIE,
-        token.strip(),
+        session,
         max_age=SESSION_MAX_AGE,
         path="/",
         httponly=True,
@@ -316,7 +321,7 @@ def sign_out(request: Request, context: Ctx, csrf: Annotated[str, Form()] = "") 
     _check_csrf(context, request, csrf)
     token = request.cookies.get(COOKIE)
     if token:
-        context.signins.sign_out(token)  # a signed-in session's token ends; a pasted one stays
+        context.signins.sign_out(token)  # the page's session token ends
     response = RedirectResponse("/approvals", status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response

@@ -127,6 +127,17 @@ class SignIns:
             expires_at=made["expires_at"],
         )
 
+    def page_session(self, pasted: str) -> str | None:
+        """A page session's token for the tenant and member ``pasted`` stands for (the page's
+        cookie never holds a pasted token, migration 0055); None when it does not
+        authenticate now or is an agent's."""
+        token = new_token()
+        rows = self._run(
+            "SELECT * FROM agents.fn_page_session(%s, %s, %s)",
+            (hash_token(pasted), hash_token(token), PAGE_SESSION_S),
+        )
+        return token if rows else None
+
     def sign_out(self, token: str) -> bool:
         """Revoke a session's token (True); a token that is no session is left alone."""
         [row] = self._run("SELECT agents.fn_signout(%s) AS done", (hash_token(token),))
