@@ -476,7 +476,11 @@ class Registry:
         checked = _checked(found["schema_input"], payload, assigned)
         agent_id, tool_id = found["agent_id"], found["tool_id"]
         insert = _insert_call(agent_id, tool_id, checked, run_id, reason, claim)
-        [[row]] = yield identity, [insert], False
+        try:
+            [[row]] = yield identity, [insert], False
+        except psycopg.Error as exc:
+            _refused_as_unassigned(exc, tool, assigned)
+            raise
         gated = {"gated": row["policed"] is not None}  # for the next call's insert
         SEEN.put(key, Seen(agent_id, tool_id, found["schema_input"], found["version"], gated))
         return row
@@ -564,7 +568,11 @@ class Registry:
         seen = Seen(self.agent_id, tool_id, target["schema_input"], target["version"], target)
         SEEN.put(cache_key, seen)
         insert = _insert_call(self.agent_id, tool_id, checked, None, reason, claim)
-        [[row]] = yield identity, [insert], False
+        try:
+            [[row]] = yield identity, [insert], False
+        except psycopg.Error as exc:
+            _refused_as_unassigned(exc, key, True)
+            raise
         return target, row, target["stamp"]
 
     def tools_stamp(self) -> str:
@@ -842,6 +850,14 @@ def _insert_seen_steps(
             return None
         raise
     return results if results[0][0]["id"] is not None else None
+
+
+def _refused_as_unassigned(exc: psycopg.Error, tool: str, agent: bool) -> None:
+    """An agent's tool found by the lookup and unassigned (or deleted) before the insert: the
+    insert refuses it as an unknown id (P0002, migration 0056); say it as the lookup says it,
+    as the insert said it before (TR002, 403)."""
+    if agent and exc.sqlstate == "P0002":
+        raise NotAssigned(f"tool {tool} is not assigned to this agent") from None
 
 
 def _insert_call(
