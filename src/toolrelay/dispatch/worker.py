@@ -202,6 +202,13 @@ class Worker:
         self._found_gap = float("inf")  # seconds between the last two claims that found calls
         self._empty_looks = 0  # looks _stay_awake has scheduled since then
         self.stopping = asyncio.Event()
+        # Background loops end on these flags as well as by cancellation: on Python 3.11 a
+        # task cancelled in the same step as psycopg_pool hands it a connection carries on
+        # (the pool's asyncio.wait_for returns the connection), and a loop that lost its
+        # cancellation would keep the worker from stopping (tests/dispatch/
+        # test_lost_cancellation.py). ``stopping`` ends the registration loop; ``_ending``,
+        # set once calls in flight are done, the heartbeat, summaries and listener.
+        self._ending = False
         self.inflight: dict[UUID, asyncio.Task[None]] = {}  # claimed, result not recorded
         self.sending = 0  # of those, outcome not decided yet: they hold a slot
         self.tool_limits: dict[UUID, tuple[int, asyncio.Semaphore]] = {}  # by tool: size
@@ -271,12 +278,14 @@ class Worker:
             try:
                 await self._loop()
             finally:
+                self.stopping.set()  # the loop may have ended by an error
                 adopting, self._adopting = self._adopting, None  # calls made now notify
                 # Hand-offs still being read are started (then drained) or, once stopping,
                 # given back: none is left claimed for a worker that is gone.
                 if adopting is not None:
                     await adopting.drain()
                 await self._shutdown()
+                self._ending = True
                 for task in side:
                     task.cancel()
                 await asyncio.gather(*side, return_exceptions=True)
@@ -896,7 +905,7 @@ class Worker:
     async def _summaries(self) -> None:
         interval = self.settings.summary_interval
         due = time.monotonic() + interval
-        while True:  # on a fixed cadence: a slow line does not push the next ones back
+        while not self._ending:  # on a fixed cadence: a slow line does not push the next ones back
             await asyncio.sleep(max(0.0, due - time.monotonic()))
             self._log_summary("worker summary", "worker_summary")
             due = max(due + interval, time.monotonic())
@@ -932,7 +941,7 @@ class Worker:
 
     async def _heartbeat(self) -> None:
         interval = self.settings.lease_seconds / 3
-        while True:
+        while not self._ending:  # calls in flight while stopping are still renewed
             await asyncio.sleep(interval)
             ids = list(self.inflight)
             if ids:
@@ -946,7 +955,7 @@ class Worker:
         url = self._listen_url()
         if url is None:
             return  # LISTEN does not work through a transaction pooler: poll only
-        while True:
+        while not self._ending:
             try:
                 async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
@@ -966,7 +975,7 @@ class Worker:
         if not self.settings.sleep_protocol or self._listen_url() is None:
             return  # polling only: calls must keep notifying whoever listens
         interval = self.settings.lease_seconds / 3
-        while True:
+        while not self.stopping.is_set():  # as well as cancelled: a cancellation can be lost
             if self.listening:
                 live = await self._db_call(self.store.register(self.settings.lease_seconds))
                 if live is not None:
