@@ -57,3 +57,14 @@ def test_a_bad_issuer_is_refused_naming_it() -> None:
     for bad in ("auth.example.com", "ftp://x.test", "https://x.test/?a=1"):
         with pytest.raises(ConfigurationError, match=re.escape(repr(bad))):
             authorization_servers({AUTHORIZATION_SERVERS_ENV: bad})
+
+
+def test_plain_http_is_refused_off_loopback() -> None:
+    """Its metadata names the keys that sign agents' access tokens: read over plain http,
+    anyone on the path could name their own (as TOOLRELAY_OIDC_ISSUER, https but on
+    loopback)."""
+    for bad in ("http://auth.example.com", "http://10.0.0.5/realms/x", "http://127.0.0.2"):
+        with pytest.raises(ConfigurationError, match="https"):
+            authorization_servers({AUTHORIZATION_SERVERS_ENV: f"https://ok.example.com,{bad}"})
+    local = "http://127.0.0.1:9000/as,http://localhost:8080,http://[::1]:9/x"
+    assert authorization_servers({AUTHORIZATION_SERVERS_ENV: local}) == local.split(",")

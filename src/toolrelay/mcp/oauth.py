@@ -47,7 +47,13 @@ from yarl import URL
 from toolrelay.db import Database, translate_db_error
 from toolrelay.db.connect import DISPATCHER, Row
 from toolrelay.errors import ConfigurationError, Conflict, InvalidArgument, NotFound
-from toolrelay.signin.oidc import SIGNING_ALGORITHMS, SignInError, fetch_json, key_set
+from toolrelay.signin.oidc import (
+    LOOPBACK_HOSTS,
+    SIGNING_ALGORITHMS,
+    SignInError,
+    fetch_json,
+    key_set,
+)
 from toolrelay.tokens import TOKEN_PREFIX, Acting, Unauthenticated, as_acting
 
 __all__ = [
@@ -84,6 +90,13 @@ def authorization_servers(environ: Mapping[str, str] | None = None) -> list[str]
         if url.scheme not in ("https", "http") or not url.host or url.query_string:
             raise ConfigurationError(
                 f"{AUTHORIZATION_SERVERS_ENV}: {issuer!r} is not an issuer URL (https://host[/path])"
+            )
+        # Its metadata names the keys that sign agents' tokens: over plain http, anyone on
+        # the path could name their own.
+        if url.scheme == "http" and url.host not in LOOPBACK_HOSTS:
+            raise ConfigurationError(
+                f"{AUTHORIZATION_SERVERS_ENV}: {issuer!r} must be an https URL (plain http"
+                " only on loopback)"
             )
     return issuers
 

@@ -44,7 +44,7 @@ ID_TOKEN_MAX_AGE_S: Final = 600  # an ID token issued longer ago than this is no
 SIGNING_ALGORITHMS: Final = frozenset(
     {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
 )
-_LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1"})
+LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class SignInError(ToolrelayError):
@@ -96,7 +96,7 @@ def check_issuer(issuer: str) -> None:
     parts = urlsplit(issuer)
     if parts.scheme == "https" and parts.hostname:
         pass
-    elif parts.scheme == "http" and parts.hostname in _LOOPBACK_HOSTS:
+    elif parts.scheme == "http" and parts.hostname in LOOPBACK_HOSTS:
         pass  # a provider on this machine (tests, development)
     else:
         raise ConfigurationError(
