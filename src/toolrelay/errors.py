@@ -124,6 +124,12 @@ class UnknownMasterKey(CredentialError):
         self.key_id = key_id
 
 
+class WrongMasterKey(UnknownMasterKey):
+    """This process has a master key of the credential's key id, but not the one that sealed
+    it (two machines each made a key under one id): as a missing key, the worker leaves the
+    call to another."""
+
+
 class CredentialHostMismatch(CredentialError):
     code = "credential_host_mismatch"
 

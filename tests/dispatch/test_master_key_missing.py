@@ -124,3 +124,70 @@ async def test_a_worker_without_any_key_leaves_the_call_too(
     row = registry.get_invocation(made)
     assert row["status"] == "completed", row["error"]
     assert upstream.hits["/keyed-none"] == 1
+
+
+async def test_a_worker_whose_key_has_the_id_but_other_bytes_leaves_the_call(
+    registry: Registry,
+    db: Database,
+    upstream: Upstream,
+    drain: Drain,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two machines each made a key under the same id (`openssl rand` twice), and the worker
+    started before any credential existed, so its start-up check had nothing to try the key
+    on. Each call it claimed failed credential_error for good, an approved write included,
+    and it logged nothing. Now it finds its key is not the one that sealed what it holds
+    (no credential under that id opens), hands the call back unsent and unattempted and
+    says so; a worker with the right key sends it once."""
+    right = Keyring([MasterKey("k1", os.urandom(32))])
+    wrong = Keyring([MasterKey("k1", os.urandom(32))])
+    cred = CredentialStore(db, right).add(registry.owner, "api_key", "svc", "s3cret-" + "5" * 8)
+    agent, tool = agent_with_tool(
+        registry, key="keyed.wrong", endpoint_url=f"{upstream.base_url}/keyed-wrong",
+        auth_method="api_key", credential_ref=cred, http_method="POST", egress_class="write",
+    )  # fmt: skip
+    made = registry.invoke(agent, tool["key"], {})
+    registry.approve(made)
+
+    with caplog.at_level(logging.ERROR, logger="toolrelay"):
+        await drain(keyring=wrong)
+    row = registry.get_invocation(made)
+    assert (row["status"], row["error_code"], row["attempt"]) == ("running", None, 0), row["error"]
+    assert upstream.hits["/keyed-wrong"] == 0
+    said = [r for r in caplog.records if getattr(r, "action", None) == "master_key_wrong"]
+    assert said, [r.getMessage() for r in caplog.records]
+    assert said[0].key_id == "k1" and "other bytes" in said[0].getMessage()  # type: ignore[attr-defined]
+    assert "s3cret" not in caplog.text
+
+    await drain(keyring=right)
+    row = registry.get_invocation(made)
+    assert row["status"] == "completed", row["error"]
+    assert upstream.hits["/keyed-wrong"] == 1 and len(row["attempts"]) == 1
+
+
+async def test_a_credential_altered_in_the_database_still_fails(
+    registry: Registry, db: Database, upstream: Upstream, drain: Drain
+) -> None:
+    """The right key opens the other credentials sealed under its id: this one's wrapped
+    key was moved from another credential, so the call fails, as before, naming it."""
+    keyring = Keyring([MasterKey("k1", os.urandom(32))])
+    store = CredentialStore(db, keyring)
+    moved = store.add(registry.owner, "api_key", "moved", "a-" + "1" * 8)
+    other = store.add(registry.owner, "api_key", "other", "b-" + "2" * 8)
+    with db.as_dispatcher() as conn:
+        conn.execute(
+            "UPDATE agents.credentials SET wrapped_key = (SELECT wrapped_key FROM"
+            " agents.credentials WHERE id = %s) WHERE id = %s",
+            (other, moved),
+        )
+    agent, tool = agent_with_tool(
+        registry, key="keyed.moved", endpoint_url=f"{upstream.base_url}/keyed-moved",
+        auth_method="api_key", credential_ref=moved,
+    )  # fmt: skip
+    made = registry.invoke(agent, tool["key"], {})
+    await drain(keyring=keyring)
+    row = registry.get_invocation(made)
+    assert (row["status"], row["error_code"]) == ("failed", "credential_error"), row
+    assert "does not decrypt" in row["error"]
+    assert upstream.hits["/keyed-moved"] == 0

@@ -85,11 +85,22 @@ def _wrap(master: MasterKey, ident: CredentialIdentity, data_key: bytes) -> byte
     return nonce + AESGCM(master.key).encrypt(nonce, data_key, ident.aad("key", master.id))
 
 
+class DataKeyUnopened(CredentialError):
+    """The configured master key of this id does not unwrap the data key: this row was
+    altered (or moved from another credential), or the key has the id but other bytes."""
+
+    def __init__(self, message: str, key_id: str) -> None:
+        super().__init__(message)
+        self.key_id = key_id
+
+
 def _unwrap(keyring: Keyring, ident: CredentialIdentity, envelope: Envelope) -> bytes:
     try:
         return _unwrap_with(keyring.get(envelope.key_id), ident, envelope.wrapped_key)
     except (InvalidTag, ValueError):
-        raise _undecryptable(ident, envelope.key_id) from None
+        raise DataKeyUnopened(
+            _undecryptable(ident, envelope.key_id).message, envelope.key_id
+        ) from None
 
 
 def _unwrap_with(master: MasterKey, ident: CredentialIdentity, wrapped_key: bytes) -> bytes:

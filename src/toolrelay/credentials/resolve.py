@@ -48,6 +48,7 @@ from toolrelay.errors import (
     CredentialHostMismatch,
     CredentialMissing,
     CredentialNeedsReauth,
+    WrongMasterKey,
 )
 
 __all__ = ["CredentialResolver"]
@@ -62,6 +63,13 @@ PLAIN_KEPT = 256  # decrypted secrets kept at most (then all are forgotten)
 _SELECT = (
     "SELECT id, owner, name, kind, status, allowed_hosts, key_id, wrapped_key, nonce,"
     " ciphertext, expires_at FROM agents.credentials WHERE id = %s"
+)
+# A few secrets sealed under one master key id, to try a key on (credentials/keycheck.py
+# does the same at start; webhook secrets carry the kind 'webhook_secret').
+_SAMPLES = (
+    "(SELECT id, owner, kind, wrapped_key FROM agents.credentials WHERE key_id = %s LIMIT 4)"
+    " UNION ALL (SELECT id, owner, 'webhook_secret', secret_wrapped_key"
+    " FROM agents.webhook_subscriptions WHERE secret_key_id = %s LIMIT 4)"
 )
 # SKIP LOCKED: never wait behind a refresh or rotation just to record a use.
 _TOUCH = (
@@ -92,6 +100,7 @@ class CredentialResolver:
         self._touch_interval = touch_interval
         self._touched: dict[UUID, float] = {}
         self._plain: dict[tuple[Any, ...], tuple[float, Secret]] = {}
+        self._wrong_keys: dict[str, tuple[float, bool]] = {}  # key id: (when, wrong)
         self._sa_tokens = ServiceAccountTokens(
             skew=refresh_skew, retry_delays=self._retry_delays, timeout=token_timeout
         )
@@ -109,8 +118,45 @@ class CredentialResolver:
         ``row``: the credential's row (the columns of ``_SELECT``) when the caller already
         read it in the same statement that claimed the invocation; saves a round trip.
         Raises CredentialMissing, CredentialHostMismatch, CredentialNeedsReauth or
-        CredentialError (undecryptable, unknown master key, token endpoint failure).
+        CredentialError (undecryptable, unknown master key, token endpoint failure);
+        WrongMasterKey when this process's key has the credential's key id but not its bytes.
         """
+        try:
+            return await self._resolve(credential_id, host, port, http, row)
+        except crypto.DataKeyUnopened as exc:
+            if await self._key_is_wrong(exc.key_id):
+                raise WrongMasterKey(
+                    f"this worker's master key {exc.key_id!r} has the id but other bytes than"
+                    f" the key that sealed credential {credential_id} (no credential sealed"
+                    " under that id opens with it): its calls are left to workers whose key"
+                    " opens them",
+                    exc.key_id,
+                ) from None
+            raise
+
+    async def _key_is_wrong(self, key_id: str) -> bool:
+        """Whether no secret sealed under ``key_id`` opens with this keyring's key of that
+        id (then the key is wrong, not the row); kept a minute per id."""
+        now = time.monotonic()
+        known = self._wrong_keys.get(key_id)
+        if known is not None and now - known[0] < PLAIN_TTL:
+            return known[1]
+        async with self._pool.connection() as conn:
+            cur = await conn.cursor(row_factory=dict_row).execute(_SAMPLES, (key_id, key_id))
+            samples = await cur.fetchall()
+        master = self._keyring.get(key_id)
+        wrong = not any(crypto.opens(master, _ident(s), bytes(s["wrapped_key"])) for s in samples)
+        self._wrong_keys[key_id] = (now, wrong)
+        return wrong
+
+    async def _resolve(
+        self,
+        credential_id: UUID,
+        host: str,
+        port: int | None,
+        http: aiohttp.ClientSession,
+        row: Row | None,
+    ) -> str:
         if row is None:
             async with self._pool.connection() as conn:
                 row = await _read_and_end(conn, credential_id)

@@ -37,6 +37,7 @@ from toolrelay.errors import (
     InvocationError,
     ToolrelayError,
     UnknownMasterKey,
+    WrongMasterKey,
 )
 from toolrelay.registry.schemas import SchemaValidator
 from toolrelay.registry.validation import MAX_JSON_DEPTH, check_input, nested_too_deep, validator
@@ -128,7 +129,10 @@ class Executor:
         try:
             outcome = await self._run(row, attempt, secrets)
         except UnknownMasterKey as exc:  # this worker's configuration, not the call's fault
-            return Outcome(HANDED_BACK, error=exc.message, detail=exc.key_id), secrets
+            wrong = "master_key_wrong" if isinstance(exc, WrongMasterKey) else None
+            return Outcome(
+                HANDED_BACK, error=exc.message, detail=exc.key_id, error_code=wrong
+            ), secrets
         except InvocationError as exc:
             outcome = Outcome.failed(exc.code, exc.message)
         except ToolrelayError as exc:

@@ -678,7 +678,15 @@ class Worker:
         first = row["tool_id"] not in self._keyless_tools()
         self.keyless[row["tool_id"]] = time.monotonic() + PASS_OVER_S
         await self._db_call(self.store.release([row["id"]]))
-        if first:
+        if first and outcome.error_code == "master_key_wrong":
+            log.error(
+                f"{outcome.error} (give this worker the right key in {KEY_ENV} or"
+                f" {KEY_FILE_ENV} and restart it)",
+                extra={"action": "master_key_wrong", "key_id": outcome.detail,
+                       "tool": row["tool_key"], "credential_id": str(row["credential_ref"]),
+                       "invocation_id": str(row["id"]), "pass_over_seconds": PASS_OVER_S},
+            )  # fmt: skip
+        elif first:
             log.error(
                 "a credential is sealed with a master key this worker does not have: its"
                 " calls are left to workers that have it (add the key to this worker's"
