@@ -73,7 +73,9 @@ def database(cred_db: str) -> Database:
 
 @pytest.fixture
 def keyring() -> Keyring:
-    return make_keyring("k1")
+    # One id per test: tests share a database, where, as in production, one id names one key
+    # (a worker judges its key by the other secrets sealed under its id).
+    return make_keyring(f"k1-{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture

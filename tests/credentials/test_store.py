@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from tests.credentials.helpers import allowed_hosts, api_key, register_tool
-from toolrelay.credentials import CredentialStore
+from toolrelay.credentials import CredentialStore, Keyring
 from toolrelay.db import Database
 from toolrelay.errors import Conflict, InvalidArgument, NotFound
 
@@ -56,7 +56,7 @@ def test_owner_b_cannot_see_or_change_a(
 
 
 def test_owner_cannot_select_ciphertext_even_own(
-    store: CredentialStore, database: Database, owner_a: UUID
+    store: CredentialStore, database: Database, owner_a: UUID, keyring: Keyring
 ) -> None:
     cid = store.add(owner_a, "api_key", "mine", api_key())
     for column in ("ciphertext", "wrapped_key", "nonce", "key_id", "*"):
@@ -69,7 +69,8 @@ def test_owner_cannot_select_ciphertext_even_own(
         row = conn.execute(
             "SELECT ciphertext, wrapped_key, key_id FROM agents.credentials WHERE id = %s", (cid,)
         ).fetchone()
-    assert row is not None and row["key_id"] == "k1" and len(row["ciphertext"]) > 16
+    assert row is not None and row["key_id"] == keyring.newest.id
+    assert len(row["ciphertext"]) > 16
 
 
 def test_rotate_keeps_id_and_reactivates(
