@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from uuid import uuid4
 
 import pytest
 
@@ -140,8 +141,9 @@ async def test_a_worker_whose_key_has_the_id_but_other_bytes_leaves_the_call(
     and it logged nothing. Now it finds its key is not the one that sealed what it holds
     (no credential under that id opens), hands the call back unsent and unattempted and
     says so; a worker with the right key sends it once."""
-    right = Keyring([MasterKey("k1", os.urandom(32))])
-    wrong = Keyring([MasterKey("k1", os.urandom(32))])
+    kid = f"k-{uuid4().hex[:8]}"  # one id, one key, as in production (tests share a database)
+    right = Keyring([MasterKey(kid, os.urandom(32))])
+    wrong = Keyring([MasterKey(kid, os.urandom(32))])
     cred = CredentialStore(db, right).add(registry.owner, "api_key", "svc", "s3cret-" + "5" * 8)
     agent, tool = agent_with_tool(
         registry, key="keyed.wrong", endpoint_url=f"{upstream.base_url}/keyed-wrong",
@@ -157,7 +159,7 @@ async def test_a_worker_whose_key_has_the_id_but_other_bytes_leaves_the_call(
     assert upstream.hits["/keyed-wrong"] == 0
     said = [r for r in caplog.records if getattr(r, "action", None) == "master_key_wrong"]
     assert said, [r.getMessage() for r in caplog.records]
-    assert said[0].key_id == "k1" and "other bytes" in said[0].getMessage()  # type: ignore[attr-defined]
+    assert said[0].key_id == kid and "other bytes" in said[0].getMessage()  # type: ignore[attr-defined]
     assert "s3cret" not in caplog.text
 
     await drain(keyring=right)
@@ -171,7 +173,7 @@ async def test_a_credential_altered_in_the_database_still_fails(
 ) -> None:
     """The right key opens the other credentials sealed under its id: this one's wrapped
     key was moved from another credential, so the call fails, as before, naming it."""
-    keyring = Keyring([MasterKey("k1", os.urandom(32))])
+    keyring = Keyring([MasterKey(f"k-{uuid4().hex[:8]}", os.urandom(32))])
     store = CredentialStore(db, keyring)
     moved = store.add(registry.owner, "api_key", "moved", "a-" + "1" * 8)
     other = store.add(registry.owner, "api_key", "other", "b-" + "2" * 8)
