@@ -44,14 +44,14 @@ def test_cli_prints_the_secret_once_and_never_again(
     context.database.cache_clear()
     runner = CliRunner()
 
-    def run(*args: str) -> tuple[str, str]:
-        result = runner.invoke(cli_app, ["webhook", *args])
+    def run(*args: str, stdin: str | None = None) -> tuple[str, str]:
+        result = runner.invoke(cli_app, ["webhook", *args], input=stdin)
         assert result.exit_code == 0, (args, result.stdout, result.stderr)
         return result.stdout, result.stderr
 
-    try:
-        out, err = run("add", "https://hooks.example.com/x", "--events", "pending,approved",
-                       "--format", "slack")  # fmt: skip
+    try:  # the URL on stdin, never in argv (test_sealed_url.py)
+        out, err = run("add", "--events", "pending,approved", "--format", "slack",
+                       stdin="https://hooks.example.com/x\n")  # fmt: skip
         secret = out.strip()
         assert secret.startswith("whsec_") and len(base64.b64decode(secret[6:])) == 32
         [hook] = json.loads(run("list", "-o", "json")[0])["items"]
@@ -66,9 +66,9 @@ def test_cli_prints_the_secret_once_and_never_again(
         assert json.loads(run("list", "-o", "json")[0])["items"][0]["enabled"] is False
         run("remove", hook["id"])
         assert json.loads(run("list", "-o", "json")[0]) == {"items": []}
-        bad = runner.invoke(cli_app, ["webhook", "add", "ftp://x", "--events", "pending"])
+        bad = runner.invoke(cli_app, ["webhook", "add", "--events", "pending"], input="ftp://x")
         assert bad.exit_code == 1 and "http:// or https://" in bad.stderr
-        bad = runner.invoke(cli_app, ["webhook", "add", "https://x.example", "-e", "sent"])
+        bad = runner.invoke(cli_app, ["webhook", "add", "-e", "sent"], input="https://x.example")
         assert bad.exit_code == 1 and "unknown event 'sent'" in bad.stderr
     finally:
         context.database.cache_clear()
@@ -163,6 +163,7 @@ async def test_rls_owner_sees_its_own_agent_sees_none_secrets_unreadable(
     for statement in (
         "SELECT secret_ciphertext FROM agents.webhook_subscriptions",
         "SELECT secret_wrapped_key FROM agents.webhook_subscriptions",
+        "SELECT url_ciphertext FROM agents.webhook_subscriptions",
         "INSERT INTO agents.webhook_deliveries (owner, subscription_id, invocation_id, event,"
         " payload) SELECT owner, id, gen_random_uuid(), 'invocation.failed', '{}'"
         " FROM agents.webhook_subscriptions",

@@ -44,7 +44,12 @@ Hooks = Annotated[Webhooks, Depends(_webhooks)]
 
 class WebhookIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str = Field(min_length=1, max_length=MAX_URL_LENGTH)
+    url: str = Field(
+        min_length=1,
+        max_length=MAX_URL_LENGTH,
+        description="Where to POST (http or https). Stored sealed, never returned: it can be"
+        " a credential (a Slack incoming webhook's path is).",
+    )
     events: list[Event] = Field(default_factory=_all_events, min_length=1)
     format: Literal["standard", "slack"] = "standard"
 
@@ -56,7 +61,10 @@ class WebhookPatch(BaseModel):
 
 class WebhookOut(BaseModel):
     id: UUID
-    url: str
+    url: str = Field(
+        description="What is safe to show of the URL: scheme://host[:port]/, with … for its"
+        " path and query (the URL itself is stored sealed and never returned)."
+    )
     format: str
     events: list[str]
     enabled: bool

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+import sys
 from enum import StrEnum
 
 import typer
@@ -77,9 +79,22 @@ def _secret_shown_once(action: str, row: dict[str, object], secret: str) -> None
     typer.echo(secret)
 
 
+def _read_url() -> str:
+    """The URL from stdin (one line; surrounding blanks dropped); on a terminal, asked for
+    without echo. Never from argv: ``ps`` and shell history keep argv, and a webhook's URL
+    can be its credential (a Slack incoming webhook's path is)."""
+    if sys.stdin.isatty():
+        return getpass.getpass("webhook URL (input hidden): ").strip()
+    return sys.stdin.read().strip()
+
+
 @webhook_app.command()
 def add(
-    url: str = typer.Argument(..., help="Where to POST: http:// or https://."),
+    url: str | None = typer.Argument(
+        None,
+        hidden=True,
+        help="Refused: the URL is read from stdin (argv is visible to ps and shell history).",
+    ),
     events: list[str] = typer.Option(
         list(EVENTS),
         "--events",
@@ -89,9 +104,23 @@ def add(
     ),
     fmt: Format = typer.Option(Format.standard, "--format", help="standard or slack."),
 ) -> None:
-    """Subscribe a URL; prints its signing secret alone on stdout, this once."""
+    """Subscribe a URL, read from stdin (asked for, hidden, on a terminal): it can be a
+    credential, so never an argument. Prints the signing secret alone on stdout, this once.
+
+    printf '%s' "$SLACK_WEBHOOK_URL" | toolrelay webhook add --format slack -e pending
+    """
+    if url is not None:
+        err_console.print(
+            "error: the webhook URL is read from stdin, never from the command line, where"
+            " `ps` and your shell history keep it; if it holds a token (a Slack incoming"
+            " webhook's path does), take it as exposed and make a new one. Then:\n"
+            "  printf '%s' \"$URL\" | toolrelay webhook add [--format slack] [--events ...]",
+            markup=False,
+            highlight=False,
+        )
+        raise typer.Exit(2)
     try:
-        row, secret = _webhooks(with_keys=True).add(url, events, fmt.value)
+        row, secret = _webhooks(with_keys=True).add(_read_url(), events, fmt.value)
     except ToolrelayError as exc:
         raise fail(exc) from None
     _secret_shown_once("added", row, secret)
@@ -99,7 +128,8 @@ def add(
 
 @webhook_app.command("list")
 def list_(output: Output = output_option()) -> None:
-    """Your webhooks (never their secrets), with deliveries pending and dead."""
+    """Your webhooks (never their secrets; each URL as scheme://host/…), with deliveries
+    pending and dead."""
     try:
         rows = _webhooks().list()
     except ToolrelayError as exc:
@@ -179,7 +209,8 @@ def redeliver(
 
 @webhook_app.command()
 def rewrap() -> None:
-    """Re-wrap every webhook secret under the newest master key (all owners'; run it with
+    """Re-wrap every webhook's secret and URL under the newest master key, and seal URLs
+    stored before they were sealed (all owners'; run it once after upgrading, and with
     `toolrelay credential rewrap` when rotating keys); prints how many changed."""
     try:
         db = database()

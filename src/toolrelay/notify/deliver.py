@@ -33,6 +33,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
+from yarl import URL
 
 from toolrelay.credentials import Keyring
 from toolrelay.db.queries import load
@@ -43,7 +44,7 @@ from toolrelay.dispatch.metrics import family
 from toolrelay.errors import ConfigurationError, EgressBlocked, ToolrelayError, UnknownMasterKey
 from toolrelay.notify import payloads
 from toolrelay.notify.signing import headers as signed_headers
-from toolrelay.notify.subscriptions import unseal_secret
+from toolrelay.notify.subscriptions import HIDDEN, delivery_url, shown_url, unseal_secret
 
 if TYPE_CHECKING:
     from toolrelay.dispatch.worker import Worker
@@ -293,12 +294,14 @@ class Deliverer:
         if self.keyring is None:
             result.error = "this worker has no master key, so it cannot sign webhooks"
             return result
+        url = ""
         try:
             secret = unseal_secret(self.keyring, row)
+            url = delivery_url(self.keyring, row)
             body = payloads.render(row["format"], row["payload"], self.public_url)
             spec = SendSpec(
                 method="POST",
-                url=row["url"],
+                url=url,
                 headers={
                     "Content-Type": "application/json",
                     "User-Agent": USER_AGENT,
@@ -313,10 +316,10 @@ class Deliverer:
             spec.payload = body
             response = await send(self.session, self.egress, spec)
         except EgressBlocked as exc:
-            result.error = f"egress_blocked: {exc.message}"[:ERROR_CHARS]
+            result.error = _scrubbed(f"egress_blocked: {exc.message}", url)
             return result
-        except SendFailure as exc:
-            result.error = f"{exc.code}: {exc.message}"[:ERROR_CHARS]
+        except SendFailure as exc:  # an invalid URL's error quotes it
+            result.error = _scrubbed(f"{exc.code}: {exc.message}", url)
             return result
         except UnknownMasterKey as exc:  # this process's configuration, not the receiver
             result.error = f"{exc.code}: {exc.message}"[:ERROR_CHARS]
@@ -338,6 +341,21 @@ class Deliverer:
         payload = Jsonb([asdict(r) for r in results])
         async with self.pool.connection() as conn:
             await conn.execute(self.q["record"], {"results": payload, "now": now})
+
+
+def _scrubbed(error: str, url: str) -> str:
+    """An error to record (``last_error``, which owners read and a dump holds) without the
+    URL's path or query, the part that may be its credential."""
+    if url:
+        try:
+            parsed = URL(url)
+            hidden = [url, parsed.path_qs, parsed.raw_path_qs, parsed.path, parsed.raw_path,
+                      parsed.query_string, parsed.raw_query_string]  # fmt: skip
+        except (ValueError, TypeError):
+            hidden = [url]
+        for part in sorted((p for p in hidden if len(p) > 1), key=len, reverse=True):
+            error = error.replace(part, HIDDEN if part != url else shown_url(url))
+    return error[:ERROR_CHARS]
 
 
 def _retry_after(headers: dict[str, str]) -> float:

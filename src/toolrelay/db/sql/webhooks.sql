@@ -2,10 +2,13 @@
 -- the deliverer's run as the dispatcher (service_role).
 
 -- name: add
+-- url: the shown form; the URL itself is sealed (migration 0057).
 INSERT INTO agents.webhook_subscriptions (id, owner, url, format, events, enabled,
-    secret_key_id, secret_wrapped_key, secret_nonce, secret_ciphertext)
+    secret_key_id, secret_wrapped_key, secret_nonce, secret_ciphertext,
+    url_wrapped_key, url_nonce, url_ciphertext)
 VALUES (%(id)s, %(owner)s, %(url)s, %(format)s, %(events)s, true,
-    %(key_id)s, %(wrapped_key)s, %(nonce)s, %(ciphertext)s)
+    %(key_id)s, %(wrapped_key)s, %(nonce)s, %(ciphertext)s,
+    %(url_wrapped_key)s, %(url_nonce)s, %(url_ciphertext)s)
 RETURNING id, url, format, events, enabled, created_at, secret_rotated_at;
 
 -- name: list
@@ -27,6 +30,10 @@ DELETE FROM agents.webhook_subscriptions WHERE id = %(id)s RETURNING id;
 -- name: set_enabled
 UPDATE agents.webhook_subscriptions SET enabled = %(enabled)s WHERE id = %(id)s
 RETURNING id, url, format, events, enabled, created_at, secret_rotated_at;
+
+-- name: key_of
+-- The master key a subscription's secret and URL are sealed under (locked: a rewrap waits).
+SELECT secret_key_id FROM agents.webhook_subscriptions WHERE id = %(id)s FOR UPDATE;
 
 -- name: rotate
 UPDATE agents.webhook_subscriptions
@@ -88,7 +95,7 @@ UPDATE agents.webhook_deliveries d
  WHERE d.id = due.id AND s.id = d.subscription_id
 RETURNING d.id, d.owner, d.event, d.payload, d.attempts, d.max_attempts,
           s.id AS subscription_id, s.url, s.format, s.secret_key_id, s.secret_wrapped_key,
-          s.secret_nonce, s.secret_ciphertext;
+          s.secret_nonce, s.secret_ciphertext, s.url_wrapped_key, s.url_nonce, s.url_ciphertext;
 
 -- name: record
 -- Results of one batch; a row claimed again since (its lease ran out) is not overwritten.
@@ -122,10 +129,17 @@ DELETE FROM agents.webhook_deliveries
  WHERE delivered_at IS NOT NULL AND delivered_at < now() - make_interval(secs => %(seconds)s);
 
 -- name: to_rewrap
--- Webhook secrets sealed under an older master key (toolrelay webhook rewrap), locked.
-SELECT id, owner, secret_key_id, secret_wrapped_key
-  FROM agents.webhook_subscriptions WHERE secret_key_id <> %(newest)s ORDER BY id FOR UPDATE;
+-- Webhooks sealed under an older master key, or whose URL is not sealed yet (written before
+-- migration 0057): toolrelay webhook rewrap. Locked.
+SELECT id, owner, url, secret_key_id, secret_wrapped_key, url_wrapped_key, url_nonce,
+       url_ciphertext
+  FROM agents.webhook_subscriptions
+ WHERE secret_key_id <> %(newest)s OR url_ciphertext IS NULL
+ ORDER BY id FOR UPDATE;
 
 -- name: rewrapped
-UPDATE agents.webhook_subscriptions SET secret_key_id = %(key_id)s, secret_wrapped_key = %(wrapped_key)s
+UPDATE agents.webhook_subscriptions
+   SET secret_key_id = %(key_id)s, secret_wrapped_key = %(wrapped_key)s, url = %(url)s,
+       url_wrapped_key = %(url_wrapped_key)s, url_nonce = %(url_nonce)s,
+       url_ciphertext = %(url_ciphertext)s
  WHERE id = %(id)s;
