@@ -17,6 +17,7 @@ from rich.console import Console
 from toolrelay import config
 from toolrelay.db import Database, migrate
 from toolrelay.db.errors import unreachable
+from toolrelay.db.migrate import check_schema
 from toolrelay.errors import ConfigurationError, DatabaseUnavailable, ToolrelayError
 from toolrelay.registry import Registry
 from toolrelay.tokens import Acting, Authenticator, Caller, Unauthenticated
@@ -31,7 +32,20 @@ err_console = Console(stderr=True)
 
 @cache
 def database() -> Database:
-    """The database, migrated (migrations are idempotent and cheap when up to date)."""
+    """The database. The embedded one, toolrelay's own, is migrated here; one DATABASE_URL
+    names is only checked: a command run against the wrong database, or before a deploy's
+    `toolrelay migrate`, says so instead of installing or upgrading the schema there."""
+    db = Database()
+    if config.database_url_from_env() is None:
+        migrate(db.url)
+    else:
+        check_schema(db.url)
+    return db
+
+
+def migrated_database() -> Database:
+    """The database, migrated wherever it is: for `serve` and `worker`, deploy steps that
+    apply what a new release brings (docs/operations.md, "Upgrading")."""
     db = Database()
     migrate(db.url)
     return db

@@ -7,7 +7,7 @@ import asyncio
 import typer
 
 from toolrelay import config
-from toolrelay.cli.context import console, database, fail
+from toolrelay.cli.context import console, fail, migrated_database
 from toolrelay.credentials import load_keyring
 from toolrelay.errors import ToolrelayError
 
@@ -17,7 +17,7 @@ def demo() -> None:
     from toolrelay.demo.postiz import run_demo
 
     try:
-        db = database()
+        db = migrated_database()
         keyring = load_keyring(db, embedded=config.database_url_from_env() is None)
         ok = asyncio.run(run_demo(db, keyring, console))
     except ToolrelayError as exc:

@@ -7,7 +7,7 @@ import os
 import typer
 
 from toolrelay import config, heap, logs
-from toolrelay.cli.context import database, err_console, fail
+from toolrelay.cli.context import err_console, fail, migrated_database
 from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
 from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, DEFAULT_MAX_ANSWER
@@ -71,7 +71,7 @@ def serve(
 
     logs.configure(log_level)
     try:
-        db = database()
+        db = migrated_database()
         settings = ApiSettings(
             database_url=db.url,
             keyring=_keyring(db),

@@ -7,7 +7,7 @@ import asyncio
 import typer
 
 from toolrelay import config, heap, logs
-from toolrelay.cli.context import database, err_console, fail
+from toolrelay.cli.context import err_console, fail, migrated_database
 from toolrelay.credentials import Keyring, MissingMasterKey, load_keyring
 from toolrelay.db import Database
 from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, DEFAULT_MAX_ANSWER
@@ -63,7 +63,7 @@ def worker(
     logs.configure(log_level)
     try:
         # Migrations take a session-level advisory lock: run them directly, not via a pooler.
-        db = Database() if pooler else database()
+        db = Database() if pooler else migrated_database()
         try:
             keyring: Keyring | None = load_keyring(
                 db, embedded=config.database_url_from_env() is None

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
+from psycopg import conninfo
+
+from toolrelay.db.errors import where
+from toolrelay.errors import ConfigurationError
 
 log = logging.getLogger("toolrelay.db")
 
@@ -112,6 +116,35 @@ def _say_if_older(
             ", ".join(unknown),
             extra={"action": "schema_newer", "unknown_migrations": unknown},
         )
+
+
+def check_schema(url: str) -> None:
+    """Read only: refuse (ConfigurationError) a database without toolrelay's schema, or
+    behind this code, naming ``toolrelay migrate``; warn when it is ahead (schema_newer).
+    For commands that must not change the schema of whatever DATABASE_URL names."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        ledger = conn.execute("SELECT to_regclass('public.toolrelay_migrations')").fetchone()
+        if ledger is None or ledger[0] is None:
+            raise ConfigurationError(
+                f"the database {_named(url)} has no toolrelay schema: if it is the right one,"
+                " run `toolrelay migrate` first (nothing was written to it)"
+            )
+        rows = conn.execute("SELECT version FROM public.toolrelay_migrations").fetchall()
+        done = {str(row[0]) for row in rows}
+        available = available_migrations()
+        _say_if_older(conn, done, {m.version for m in available})
+    pending = [f"{m.version}_{m.name}" for m in available if m.version not in done]
+    if pending:
+        raise ConfigurationError(
+            f"the database {_named(url)} is {len(pending)} migration(s) behind this toolrelay"
+            f" ({pending[0]} … {pending[-1]}): run `toolrelay migrate` (serve and worker"
+            " apply them when they start); nothing was changed"
+        )
+
+
+def _named(url: str) -> str:
+    dbname = conninfo.conninfo_to_dict(url).get("dbname") or "(default)"
+    return f"{dbname!s} at {where(url)}"
 
 
 def migrate(url: str, target: str | None = None) -> list[str]:
