@@ -10,6 +10,7 @@ import sys
 import uuid
 
 import pytest
+from psycopg import conninfo
 
 PASSWORD = "pw-" + uuid.uuid4().hex[:8]
 
@@ -58,3 +59,12 @@ def test_a_malformed_url_is_one_line_and_exit_2() -> None:
     [line] = result.stderr.strip().splitlines()
     assert "DATABASE_URL is not a valid PostgreSQL connection string" in line
     assert PASSWORD not in result.stderr
+
+
+def test_a_database_that_does_not_exist_is_named_in_one_line(admin_url: str) -> None:
+    missing = f"toolrelay_missing_{uuid.uuid4().hex[:8]}"
+    result = toolrelay(conninfo.make_conninfo(admin_url, dbname=missing), "tool", "list")
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert f'database "{missing}" does not exist' in line
+    assert "fATAL" not in line  # the server's FATAL kept as it says it

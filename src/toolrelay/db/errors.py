@@ -188,7 +188,8 @@ def unreachable(url: str, reason: str) -> errors.DatabaseUnavailable:
     """One line a person can act on: where, why, and the URL with its password hidden."""
     first = mask_url(next((line for line in reason.splitlines() if line.strip()), reason).strip())
     why = first.rsplit("failed: ", 1)[-1].removeprefix("connection is bad: ")
-    why = why[:1].lower() + why[1:]
+    if not why[:2].isupper():  # "Connection refused" reads on; the server's "FATAL:" stays
+        why = why[:1].lower() + why[1:]
     if "couldn't get a connection after" in first:
         why = f"timed out ({why})"
     return errors.DatabaseUnavailable(
