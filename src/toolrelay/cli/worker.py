@@ -14,6 +14,8 @@ from toolrelay.dispatch.budget import DEFAULT_ANSWER_BUDGET, DEFAULT_MAX_ANSWER
 from toolrelay.dispatch.worker import SUMMARY_ENV, SUMMARY_INTERVAL, WorkerSettings, run_worker
 from toolrelay.errors import ConfigurationError, ToolrelayError
 
+DRAIN_LEFT_CALLS = 3  # exit status of a drain that handed calls back (docs/cli.md)
+
 
 def worker(
     concurrency: int = typer.Option(64, min=1, help="Calls in flight at once."),
@@ -91,6 +93,16 @@ def worker(
         url = db.url
         db.close()  # its pool (and the pool's threads) is not used from here on
         heap.settle()  # what startup made stays out of the collector's scans (toolrelay/heap.py)
-        asyncio.run(run_worker(url, settings, keyring))
+        ran = asyncio.run(run_worker(url, settings, keyring))
     except ToolrelayError as exc:
         raise fail(exc) from None
+    if drain and ran.handed_back:
+        keys = sorted({k for k in ran.handed_back.values() if k})
+        needs = f"master key(s) {', '.join(map(repr, keys))}" if keys else "a master key"
+        err_console.print(
+            f"error: {len(ran.handed_back)} call(s) left runnable, unsent: their credentials"
+            f" need {needs} this worker lacks or holds other bytes of (its log says which);"
+            " they wait for a worker with the key",
+            markup=False, highlight=False,
+        )  # fmt: skip
+        raise typer.Exit(DRAIN_LEFT_CALLS)
