@@ -401,3 +401,42 @@ async def test_a_deliverer_without_the_master_key_spends_no_attempt(
     [row] = owner.webhooks.deliveries()
     assert row["delivered_at"] is not None and row["attempts"] == 1, row
     assert len(receiver.at("/hook")) == 1
+
+
+async def test_a_deliverer_whose_key_has_the_id_but_other_bytes_spends_no_attempt(
+    owner: SimpleNamespace, receiver: Receiver, deliver: Driver, notify_url: str
+) -> None:
+    """Two machines each made a key under one id, and this one started before anything was
+    sealed: every try failed "does not decrypt" and spent an attempt, so each delivery died.
+    As with a key it lacks, the tries are recorded with the reason and spend nothing."""
+    subscribe(owner, receiver, events=("invocation.pending",))
+    owner.registry.invoke("bot", tool_for(owner, receiver, gated=True), {})
+    [row] = owner.webhooks.deliveries()
+    impostor = Keyring([MasterKey(row_key_id(notify_url, row), os.urandom(32))])
+    pool = open_pool(notify_url, max_size=2)
+    await pool.open(wait=True)
+    now: datetime | None = None
+    async with outbound_session(make_connector(LOOPBACK_ONLY)) as session:
+        wrong = Deliverer(pool, impostor, LOOPBACK_ONLY, session, public_url=PUBLIC_URL)
+        for _ in range(row["max_attempts"] + 2):
+            assert await wrong.deliver_once(now) >= 1
+            [row] = owner.webhooks.deliveries()
+            assert (row["attempts"], row["dead"]) == (0, False), row["last_error"]
+            assert "other bytes" in row["last_error"]
+            now = row["next_attempt_at"]
+    await pool.close()
+    assert receiver.at("/hook") == []
+    assert await deliver.once(now) >= 1  # the right key
+    [row] = owner.webhooks.deliveries()
+    assert row["delivered_at"] is not None and row["attempts"] == 1, row
+    assert len(receiver.at("/hook")) == 1
+
+
+def row_key_id(url: str, delivery: dict[str, object]) -> str:
+    with psycopg.connect(url) as conn:
+        found = conn.execute(
+            "SELECT secret_key_id FROM agents.webhook_subscriptions WHERE id = %s",
+            (delivery["subscription_id"],),
+        ).fetchone()
+    assert found is not None
+    return str(found[0])

@@ -51,7 +51,7 @@ from toolrelay.errors import (
     WrongMasterKey,
 )
 
-__all__ = ["CredentialResolver"]
+__all__ = ["CredentialResolver", "key_opens_nothing", "wrong_master_key"]
 
 log = logging.getLogger(__name__)
 
@@ -125,27 +125,16 @@ class CredentialResolver:
             return await self._resolve(credential_id, host, port, http, row)
         except crypto.DataKeyUnopened as exc:
             if await self._key_is_wrong(exc.key_id):
-                raise WrongMasterKey(
-                    f"this worker's master key {exc.key_id!r} has the id but other bytes than"
-                    f" the key that sealed credential {credential_id} (no credential sealed"
-                    " under that id opens with it): its calls are left to workers whose key"
-                    " opens them",
-                    exc.key_id,
-                ) from None
+                raise wrong_master_key(exc.key_id, f"credential {credential_id}") from None
             raise
 
     async def _key_is_wrong(self, key_id: str) -> bool:
-        """Whether no secret sealed under ``key_id`` opens with this keyring's key of that
-        id (then the key is wrong, not the row); kept a minute per id."""
+        """``key_opens_nothing``, kept a minute per id."""
         now = time.monotonic()
         known = self._wrong_keys.get(key_id)
         if known is not None and now - known[0] < PLAIN_TTL:
             return known[1]
-        async with self._pool.connection() as conn:
-            cur = await conn.cursor(row_factory=dict_row).execute(_SAMPLES, (key_id, key_id))
-            samples = await cur.fetchall()
-        master = self._keyring.get(key_id)
-        wrong = not any(crypto.opens(master, _ident(s), bytes(s["wrapped_key"])) for s in samples)
+        wrong = await key_opens_nothing(self._pool, self._keyring, key_id)
         self._wrong_keys[key_id] = (now, wrong)
         return wrong
 
@@ -332,6 +321,26 @@ def _expect(secret: Secret, kind: type[_S]) -> _S:
     if not isinstance(secret, kind):
         raise CredentialError("stored secret does not match the credential's kind")
     return secret
+
+
+async def key_opens_nothing(pool: AsyncConnectionPool[Any], keyring: Keyring, key_id: str) -> bool:
+    """Whether no secret sealed under ``key_id`` opens with ``keyring``'s key of that id:
+    then this process's key is wrong (the id, other bytes), not the row that did not open.
+    The start-up check (keycheck.py) cannot tell while nothing is sealed yet."""
+    async with pool.connection() as conn:
+        cur = await conn.cursor(row_factory=dict_row).execute(_SAMPLES, (key_id, key_id))
+        samples = await cur.fetchall()
+    master = keyring.get(key_id)
+    return not any(crypto.opens(master, _ident(s), bytes(s["wrapped_key"])) for s in samples)
+
+
+def wrong_master_key(key_id: str, what: str) -> WrongMasterKey:
+    return WrongMasterKey(
+        f"this process's master key {key_id!r} has the id but other bytes than the key that"
+        f" sealed {what} (nothing sealed under that id opens with it): left to a process"
+        " whose key opens it",
+        key_id,
+    )
 
 
 def _ident(row: Row) -> crypto.CredentialIdentity:

@@ -36,6 +36,8 @@ from psycopg_pool import AsyncConnectionPool
 from yarl import URL
 
 from toolrelay.credentials import Keyring
+from toolrelay.credentials.crypto import DataKeyUnopened
+from toolrelay.credentials.resolve import key_opens_nothing, wrong_master_key
 from toolrelay.db.queries import load
 from toolrelay.dispatch.batcher import Batcher
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
@@ -296,8 +298,15 @@ class Deliverer:
             return result
         url = ""
         try:
-            secret = unseal_secret(self.keyring, row)
-            url = delivery_url(self.keyring, row)
+            try:
+                secret = unseal_secret(self.keyring, row)
+                url = delivery_url(self.keyring, row)
+            except DataKeyUnopened as exc:
+                if await key_opens_nothing(self.pool, self.keyring, exc.key_id):
+                    raise wrong_master_key(
+                        exc.key_id, f"webhook {row['subscription_id']}"
+                    ) from None
+                raise
             body = payloads.render(row["format"], row["payload"], self.public_url)
             spec = SendSpec(
                 method="POST",
