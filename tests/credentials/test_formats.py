@@ -29,6 +29,9 @@ def test_api_key_is_the_raw_string() -> None:
     assert parse_secret("api_key", SECRET).secret.value == SECRET  # type: ignore[union-attr]
     with pytest.raises(InvalidArgument, match="empty"):
         parse_secret("api_key", "")
+    for blank in ("   ", "\t", " \t "):  # a paste that lost its value: never a secret
+        with pytest.raises(InvalidArgument, match="only spaces"):
+            parse_secret("api_key", blank)
     with pytest.raises(InvalidArgument, match="line break") as info:
         parse_secret("api_key", SECRET + "\nmore")
     assert SECRET not in info.value.message

@@ -147,6 +147,8 @@ def with_tokens(secret: OAuthSecret, access_token: str, refresh_token: str | Non
 def _parse_api_key(text: str) -> ApiKeySecret:
     if not text:
         raise InvalidArgument("api_key: the secret is empty")
+    if not text.strip():  # a rotation piped an unset variable: the old secret would be gone
+        raise InvalidArgument("api_key: the secret is only spaces or tabs")
     if any(ch in text for ch in "\r\n\0"):
         raise InvalidArgument("api_key: the secret contains a line break or NUL")
     return ApiKeySecret(text)
