@@ -310,3 +310,24 @@ def test_an_assignment_revoked_after_the_lookup_is_still_not_assigned(
         else:
             agent.call("notes.list", {})
     assert len(trips) == 2
+
+
+def test_definer_helpers_tell_a_non_member_nothing(team: Team, db: Database) -> None:
+    """The helpers that read past row-level security answer a caller who is not a member
+    as they answer about an unknown id: not whether a tool is gated and has rules, not an
+    agent's tools version."""
+    owner = team.registry.owner
+    _one(
+        db, owner, "UPDATE agents.tools_registry SET requires_approval = true WHERE id = %s"
+        " RETURNING id", (team.other_tool,), member_id=team.admin,
+    )  # fmt: skip
+    unknown = UUID(int=1)
+    asked = {
+        "SELECT agents.tool_policed(%s) AS v": team.other_tool,
+        "SELECT agents.agent_tools_stamp(%s) AS v": team.bot,
+    }
+    for sql, arg in asked.items():
+        assert _one(db, owner, sql, (arg,), member_id=team.admin)["v"] is not None, sql
+        for claims in ({"member_id": team.removed}, {"member_id": team.outsider}, {}):
+            told = _one(db, owner, sql, (arg,), **claims)["v"]
+            assert told == _one(db, owner, sql, (unknown,), **claims)["v"] is None, (sql, claims)
