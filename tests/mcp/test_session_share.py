@@ -28,7 +28,7 @@ from toolrelay.credentials import Keyring
 from toolrelay.errors import ConfigurationError
 from toolrelay.mcp.limits import MAX_SESSIONS, SESSIONS_PER_AGENT_ENV
 from toolrelay.mcp.server import McpSettings
-from toolrelay.mcp.sessions import SessionShare
+from toolrelay.mcp.sessions import Admission, SessionShare
 
 VERSION = "2025-06-18"
 INITIALIZE = {
@@ -218,23 +218,23 @@ class Clock:
 def test_a_session_idle_for_the_sdks_timeout_holds_no_place() -> None:
     """The SDK ends a session idle for its timeout, counted from when its last request in
     flight ended; so does the share (an open stream holds the session, however old)."""
-    clock, agent = Clock(), uuid.uuid4()
+    clock, owner, agent = Clock(), uuid.uuid4(), uuid.uuid4()
     share = SessionShare(per_agent=2, idle_timeout=60.0, clock=clock)
     for sid in ("a", "b"):
-        assert share.admit(agent) == (True, None)
-        share.opened(agent, sid)
-        share.settled(agent)
-    assert share.begin(agent, "a")  # a stream held open on "a" from t=0
+        assert share.admit(owner, agent) == Admission(True)
+        share.opened(owner, agent, sid)
+        share.settled(owner, agent)
+    assert share.begin(owner, agent, "a")  # a stream held open on "a" from t=0
     clock.now = 59.0
-    share.begin(agent, "b")
-    share.end(agent, "b", ended=False)  # "b" idle from t=59
+    share.begin(owner, agent, "b")
+    share.end(owner, agent, "b", ended=False)  # "b" idle from t=59
     clock.now = 118.0
-    assert share.count(agent) == 2  # "a" busy, "b" idle 59 s: neither has timed out
+    assert share.count(owner, agent) == 2  # "a" busy, "b" idle 59 s: neither has timed out
     clock.now = 119.0
-    assert share.count(agent) == 1  # "b" timed out; "a" still holds its stream
-    assert share.admit(agent) == (True, None)
-    share.settled(agent)  # that opening failed: nothing counted
-    assert share.count(agent) == 1
-    share.end(agent, "a", ended=True)  # the stream's session answered 404 / was deleted
-    assert share.count(agent) == 0
-    assert not share.begin(agent, "a")  # a session it no longer has is not counted again
+    assert share.count(owner, agent) == 1  # "b" timed out; "a" still holds its stream
+    assert share.admit(owner, agent) == Admission(True)
+    share.settled(owner, agent)  # that opening failed: nothing counted
+    assert share.count(owner, agent) == 1
+    share.end(owner, agent, "a", ended=True)  # the stream's session answered 404 / was deleted
+    assert share.count(owner, agent) == 0
+    assert not share.begin(owner, agent, "a")  # a session it no longer has is not counted again

@@ -7,8 +7,9 @@ the event loop: its keys may need fetching) and acts as the agent bound to its s
 The rate limit counts tool calls only (429 with Retry-After, the body saying the same). The caller is kept on the ASGI scope, where the MCP handlers read it from the
 request that carried each message, so every message acts as the agent whose token came
 with it. The SDK also binds a session to the agent that opened it: another agent's token
-presenting that session id gets 404, as if it did not exist; and each agent holds at most
-its share of the process's sessions (sessions.py).
+presenting that session id gets 404, as if it did not exist; and each agent, and each
+owner (all its agents together), holds at most its share of the process's sessions
+(sessions.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from toolrelay.api.auth import failures_limited, limit, presented
 from toolrelay.api.errors import RateLimited, error_response, toolrelay_error_response
 from toolrelay.api.limits import retry_after_seconds
 from toolrelay.errors import ConfigurationError, PermissionDenied, ToolrelayError
-from toolrelay.mcp.limits import MAX_SESSIONS
+from toolrelay.mcp.limits import MAX_SESSIONS, SESSIONS_PER_AGENT_ENV, SESSIONS_PER_OWNER_ENV
 from toolrelay.mcp.oauth import (
     AUTHORIZATION_SERVERS_ENV,
     OAuthBindings,
@@ -48,7 +49,7 @@ from toolrelay.mcp.oauth import (
     authorization_servers,
 )
 from toolrelay.mcp.server import STATUS_TOOL, McpSettings, agent_only, build_server
-from toolrelay.mcp.sessions import SessionShare
+from toolrelay.mcp.sessions import SessionShare, Victim
 from toolrelay.notify.payloads import PUBLIC_URL_ENV, public_url
 from toolrelay.tokens import Caller, Unauthenticated
 
@@ -138,8 +139,11 @@ class McpEndpoint:
             session_idle_timeout=SESSION_IDLE_TIMEOUT,
             max_sessions=MAX_SESSIONS,
         )
-        per_agent = (settings or McpSettings()).sessions_per_agent
-        self.sessions = SessionShare(per_agent, SESSION_IDLE_TIMEOUT)
+        settings = settings or McpSettings()
+        self.sessions = SessionShare(
+            settings.sessions_per_agent, SESSION_IDLE_TIMEOUT,
+            per_owner=settings.sessions_per_owner,
+        )  # fmt: skip
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -174,53 +178,59 @@ class McpEndpoint:
             await response(scope, receive, send)
             return
         scope[SCOPE_KEY] = caller
-        # What the SDK compares to bind a session to the principal that opened it.
-        principal = AccessToken(
-            token=f"agent:{caller.agent_id}",  # the SDK never needs the token itself
-            client_id=f"agent:{caller.agent_id}",
-            subject=str(caller.agent_id),
-            scopes=[],
-        )
-        scope["user"] = AuthenticatedUser(principal)
+        scope["user"] = _principal(caller.agent_id)
         scope["auth"] = AuthCredentials([])
         if opening:
             await self._open(caller, victim, scope, receive, send)
         else:
             await self._on_session(caller, request, scope, receive, send)
 
-    def _admit(self, caller: Caller) -> str | None:
-        """Room for one more session of this agent: the session to end first, if any."""
-        admitted, victim = self.sessions.admit(_agent(caller))
-        if not admitted:
+    def _admit(self, caller: Caller) -> tuple[Victim, str] | None:
+        """Room for one more session of this agent (and of its owner): the session to end
+        first, if any, and which share was full ("agent" or "owner")."""
+        admission = self.sessions.admit(caller.owner, _agent(caller))
+        if not admission.admitted:
+            if admission.full == "owner":
+                held = f"this agent's owner has {self.sessions.per_owner} MCP sessions open"
+                env = SESSIONS_PER_OWNER_ENV
+            else:
+                held = f"this agent has {self.sessions.per_agent} MCP sessions open"
+                env = SESSIONS_PER_AGENT_ENV
             raise RateLimited(
-                f"this agent has {self.sessions.per_agent} MCP sessions open, each with a"
-                " request in flight (TOOLRELAY_MCP_SESSIONS_PER_AGENT); end one (DELETE /mcp"
-                " with its Mcp-Session-Id) or retry once one is idle",
+                f"{held}, each with a request in flight ({env}); end one (DELETE /mcp with"
+                " its Mcp-Session-Id) or retry once one is idle",
                 1.0,
             )
-        return victim
+        if admission.victim is None:
+            return None
+        return admission.victim, f"sessions_per_{admission.full}"
 
     async def _open(
-        self, caller: Caller, victim: str | None, scope: Scope, receive: Receive, send: Send
+        self,
+        caller: Caller,
+        victim: tuple[Victim, str] | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
         """An admitted opening request: end the session it takes the place of, then let the
         SDK open the new one, and count it when its answer says it was opened."""
         answer = _Answer(send)
         try:
             if victim is not None:
-                await self._end_session(caller, victim, scope)
+                await self._end_session(caller, *victim, scope)
             await self.manager.handle_request(scope, receive, answer.send)
         finally:
             if answer.session is not None and answer.status < 400:
-                self.sessions.opened(_agent(caller), answer.session)
-            self.sessions.settled(_agent(caller))
+                self.sessions.opened(caller.owner, _agent(caller), answer.session)
+            self.sessions.settled(caller.owner, _agent(caller))
 
     async def _on_session(
         self, caller: Caller, request: Request, scope: Scope, receive: Receive, send: Send
     ) -> None:
         """Any other request: counted in flight on its session while it is served."""
         session = request.headers.get(SESSION_HEADER)
-        if session is None or not self.sessions.begin(_agent(caller), session):
+        if session is None or not self.sessions.begin(caller.owner, _agent(caller), session):
             await self.manager.handle_request(scope, receive, send)
             return
         answer = _Answer(send)
@@ -228,14 +238,18 @@ class McpEndpoint:
             await self.manager.handle_request(scope, receive, answer.send)
         finally:
             closed = scope.get("method") == "DELETE" and answer.status < 300
-            self.sessions.end(_agent(caller), session, ended=closed or answer.status == 404)
+            ended = closed or answer.status == 404
+            self.sessions.end(caller.owner, _agent(caller), session, ended=ended)
 
-    async def _end_session(self, caller: Caller, session: str, scope: Scope) -> None:
-        """End one of the caller's own sessions to make room, as its client's DELETE would
-        (the SDK checks it is the same agent's); its client's next request gets 404."""
-        kept = ("type", "http_version", "scheme", "server", "client", "user", "auth")
+    async def _end_session(self, caller: Caller, victim: Victim, reason: str, scope: Scope) -> None:
+        """End one of the caller's own sessions, or of its owner's other agents, to make
+        room, as its client's DELETE would (as the agent holding it: the SDK checks that);
+        its client's next request gets 404."""
+        kept = ("type", "http_version", "scheme", "server", "client", "auth")
         ending: dict[str, Any] = {key: scope[key] for key in kept if key in scope}
+        session = victim.session
         ending |= {
+            "user": _principal(victim.agent),
             "method": "DELETE", "path": MCP_PATH, "raw_path": MCP_PATH.encode(),
             "root_path": "", "query_string": b"",
             "headers": [(SESSION_HEADER.encode("ascii"), session.encode("latin-1"))],
@@ -254,9 +268,12 @@ class McpEndpoint:
 
         await self.manager.handle_request(ending, receive, discard)
         log.info(
-            "an MCP session was ended to make room for a newer one of the same agent",
-            extra={"action": "mcp_session_ended", "agent_id": str(caller.agent_id),
-                   "reason": "sessions_per_agent", "per_agent": self.sessions.per_agent},
+            "an MCP session was ended to make room for a newer one of the same "
+            + ("agent" if reason == "sessions_per_agent" else "owner"),
+            extra={"action": "mcp_session_ended", "agent_id": str(victim.agent),
+                   "opening_agent_id": str(caller.agent_id), "owner": str(caller.owner),
+                   "reason": reason, "per_agent": self.sessions.per_agent,
+                   "per_owner": self.sessions.per_owner},
         )  # fmt: skip
 
     async def _authenticate(self, request: Request, deferred: bool) -> Caller:
@@ -354,6 +371,18 @@ class _Answer:
             raw = dict(message.get("headers", [])).get(SESSION_HEADER.encode("ascii"))
             self.session = raw.decode("latin-1") if raw is not None else None
         await self._send(message)
+
+
+def _principal(agent: UUID | None) -> AuthenticatedUser:
+    """What the SDK compares to bind a session to the agent that opened it."""
+    return AuthenticatedUser(
+        AccessToken(
+            token=f"agent:{agent}",  # the SDK never needs the token itself
+            client_id=f"agent:{agent}",
+            subject=str(agent),
+            scopes=[],
+        )
+    )
 
 
 def _agent(caller: Caller) -> UUID:

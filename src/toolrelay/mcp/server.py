@@ -54,10 +54,13 @@ from toolrelay.export.names import key_for, may_be_exported
 from toolrelay.mcp.changes import ListWatch
 from toolrelay.mcp.limits import (
     DEFAULT_SESSIONS_PER_AGENT,
+    DEFAULT_SESSIONS_PER_OWNER,
     DEFAULT_WAIT_SECONDS,
     MAX_SESSIONS,
+    MAX_SESSIONS_PER_OWNER,
     MAX_WAIT_SECONDS,
     SESSIONS_PER_AGENT_ENV,
+    SESSIONS_PER_OWNER_ENV,
     WAIT_ENV,
 )
 from toolrelay.mcp.pages import after_key, page
@@ -108,10 +111,12 @@ log = logging.getLogger("toolrelay.mcp")
 @dataclass(frozen=True)
 class McpSettings:
     """How long ``tools/call`` waits for an outcome; how many MCP sessions (streamable
-    HTTP) each agent may have open at once in a process."""
+    HTTP) each agent, and each owner (all its agents together), may have open at once in a
+    process."""
 
     wait_seconds: float = DEFAULT_WAIT_SECONDS
     sessions_per_agent: int = DEFAULT_SESSIONS_PER_AGENT
+    sessions_per_owner: int = DEFAULT_SESSIONS_PER_OWNER
 
     def __post_init__(self) -> None:
         if not 0 <= self.wait_seconds <= MAX_WAIT_SECONDS:
@@ -124,10 +129,17 @@ class McpSettings:
                 f"{SESSIONS_PER_AGENT_ENV} must be between 1 and {MAX_SESSIONS} (the sessions"
                 f" a process holds), got {self.sessions_per_agent}"
             )
+        if not 1 <= self.sessions_per_owner <= MAX_SESSIONS_PER_OWNER:
+            raise ConfigurationError(
+                f"{SESSIONS_PER_OWNER_ENV} must be between 1 and {MAX_SESSIONS_PER_OWNER} (half"
+                f" the {MAX_SESSIONS} sessions a process holds: one tenant never takes them"
+                f" all), got {self.sessions_per_owner}"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> McpSettings:
-        """TOOLRELAY_MCP_WAIT_SECONDS and TOOLRELAY_MCP_SESSIONS_PER_AGENT, else defaults."""
+        """TOOLRELAY_MCP_WAIT_SECONDS, TOOLRELAY_MCP_SESSIONS_PER_AGENT and
+        TOOLRELAY_MCP_SESSIONS_PER_OWNER, else defaults."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         raw = env.get(WAIT_ENV, "").strip()
@@ -136,14 +148,16 @@ class McpSettings:
                 values["wait_seconds"] = float(raw)
             except ValueError:
                 raise ConfigurationError(f"{WAIT_ENV} is not a number: {raw!r}") from None
-        raw = env.get(SESSIONS_PER_AGENT_ENV, "").strip()
-        if raw:
-            try:
-                values["sessions_per_agent"] = int(raw)
-            except ValueError:
-                raise ConfigurationError(
-                    f"{SESSIONS_PER_AGENT_ENV} is not a whole number: {raw!r}"
-                ) from None
+        for name, field_name in (
+            (SESSIONS_PER_AGENT_ENV, "sessions_per_agent"),
+            (SESSIONS_PER_OWNER_ENV, "sessions_per_owner"),
+        ):
+            raw = env.get(name, "").strip()
+            if raw:
+                try:
+                    values[field_name] = int(raw)
+                except ValueError:
+                    raise ConfigurationError(f"{name} is not a whole number: {raw!r}") from None
         return cls(**values)
 
 
