@@ -13,6 +13,14 @@ upstream output (the worker, MCP). Wherever one is applied:
   through ``additionalProperties`` / ``unevaluatedProperties``, and the ``regex`` format):
   linear in the text whatever the pattern. A pattern RE2 cannot compile (backreferences,
   lookaround) is refused with its pointer.
+- **The work is bounded by the value's size.** A schema a few kB long can branch without
+  end (``anyOf`` of two references to the next level, 20 levels: a million evaluations of
+  one number), and validation runs in the event loop every tenant shares (serve's, the
+  worker's). Each keyword applied costs a step; a value may take ``STEPS_PER_NODE`` steps
+  per array, object or scalar it holds, plus ``STEPS_BASE``; past that it is refused,
+  saying the schema branches too much for it. ``uniqueItems`` and ``enum`` compare by
+  hashing (JSON Schema's equality: 1 == 1.0, true != 1, keys unordered), linear where
+  jsonschema compares every pair.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final, NoReturn
@@ -46,6 +55,12 @@ __all__ = [
 ]
 
 PATTERN_CACHE_SIZE: Final = 4096  # distinct compiled patterns kept per process
+# A value's validation may apply this many keywords per node of it, plus the base (a
+# schema's ordinary keywords take a handful per node; an anyOf of references to the next
+# level doubles at each level).
+STEPS_PER_NODE: Final = 64
+STEPS_BASE: Final = 20_000
+_STEPS_LEFT: ContextVar[list[int] | None] = ContextVar("schema_steps_left", default=None)
 OUTSIDE: Final = "only references inside the document ('#…') are allowed"
 RE2_RULE: Final = "patterns run on RE2, in linear time: no backreferences, no lookaround"
 
@@ -291,6 +306,80 @@ def _format_checker(draft: Any) -> FormatChecker:
     return checker
 
 
+# --- the work a value may take -------------------------------------------------------------
+
+
+class TooMuchWork(Exception):
+    """The schema took more steps on this value than its size allows."""
+
+
+def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
+    def applied(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        left = _STEPS_LEFT.get()
+        if left is not None:
+            left[0] -= 1
+            if left[0] < 0:
+                raise TooMuchWork
+        return keyword(validator, value, instance, schema)
+
+    return applied
+
+
+def _nodes(value: Any) -> int:
+    """Arrays, objects and scalars in a JSON value (walked without recursion)."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def _canonical(value: Any) -> Any:
+    """A hashable form equal for values JSON Schema calls equal (1 == 1.0, true != 1, an
+    object's keys in any order). Values are bounded in depth before they are validated."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int | float):
+        return ("number", value)
+    if isinstance(value, dict):
+        return ("object", frozenset((k, _canonical(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("array", tuple(_canonical(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def _unique_items(
+    validator: Any, unique: Any, instance: Any, schema: Any
+) -> Iterator[ValidationError]:
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen: set[Any] = set()
+    for item in instance:
+        key = _canonical(item)
+        if key in seen:
+            yield ValidationError(f"{instance!r} has non-unique elements")
+            return
+        seen.add(key)
+
+
+_ENUMS: dict[int, tuple[Any, frozenset[Any]]] = {}  # id(enum list): (the list, its forms)
+
+
+def _enum(validator: Any, enums: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    kept = _ENUMS.get(id(enums))
+    if kept is None or kept[0] is not enums:
+        if len(_ENUMS) >= PATTERN_CACHE_SIZE:
+            _ENUMS.clear()
+        kept = (enums, frozenset(_canonical(e) for e in enums))
+        _ENUMS[id(enums)] = kept
+    if _canonical(instance) not in kept[1]:
+        yield ValidationError(f"{instance!r} is not one of {enums!r}")
+
+
 def _safe_class(draft: Any) -> Any:
     overrides: dict[str, Callable[..., Iterator[ValidationError]]] = {
         "pattern": _pattern,
@@ -299,6 +388,13 @@ def _safe_class(draft: Any) -> Any:
     }
     if "unevaluatedProperties" in draft.VALIDATORS:
         overrides["unevaluatedProperties"] = _unevaluated(draft is validators.Draft201909Validator)
+    if "uniqueItems" in draft.VALIDATORS:
+        overrides["uniqueItems"] = _unique_items
+    if "enum" in draft.VALIDATORS:
+        overrides["enum"] = _enum
+    overrides = {
+        name: _counted(overrides.get(name, keyword)) for name, keyword in draft.VALIDATORS.items()
+    }
     # No ``version``: the class is not registered with jsonschema, whose validator_for keeps
     # answering its stock classes to everyone else in the process.
     safe = validators.extend(draft, overrides, format_checker=_format_checker(draft))
@@ -617,8 +713,19 @@ class SchemaValidator:
             yield _refused(instance, f"the tool's schema {self.refusal}")
             return
         # Materialized: an exception part way makes the errors before it meaningless.
+        steps = STEPS_BASE + STEPS_PER_NODE * _nodes(instance)
+        budget = _STEPS_LEFT.set([steps])
         try:
             errors = list(self._compiled.iter_errors(instance))
+        except TooMuchWork:
+            errors = [
+                _refused(
+                    instance,
+                    f"the tool's schema branches too much for this value: it took more than"
+                    f" {steps:,} steps ({STEPS_PER_NODE} for each of its {_nodes(instance):,}"
+                    f" parts, plus {STEPS_BASE:,}); the tool's schema must be simplified",
+                )
+            ]
         except Unresolvable as exc:  # not expected past schema_problem; never a fetch
             ref = getattr(exc, "ref", "?")
             errors = [_refused(instance, f"the tool's schema: reference {ref!r} does not resolve")]
@@ -626,6 +733,8 @@ class SchemaValidator:
             errors = [_refused(instance, f"the tool's schema: {exc}")]
         except RecursionError:
             errors = [_refused(instance, "the tool's schema refers to itself without end here")]
+        finally:
+            _STEPS_LEFT.reset(budget)
         yield from errors
 
     def is_valid(self, instance: Any) -> bool:
