@@ -16,6 +16,7 @@ from tests.credentials.conftest import dispatcher_pool
 from tests.credentials.helpers import oauth_secret
 from tests.credentials.token_server import SplitAnswer, TokenServer
 from toolrelay.credentials import CredentialResolver, CredentialStore, Keyring
+from toolrelay.credentials.token_endpoint import request_token
 from toolrelay.db import Database
 from toolrelay.dispatch.egress import EgressPolicy, make_connector
 from toolrelay.errors import CredentialError, CredentialNeedsReauth, EgressBlocked
@@ -345,3 +346,28 @@ async def test_an_answer_arriving_in_pieces_is_read_whole_and_its_rotation_kept(
         assert [f["refresh_token"] for f in server.forms] == ["refresh-first", "refresh-rotated"]
     finally:
         await server.close()
+
+
+async def test_a_token_endpoint_echoing_a_secret_as_its_error_code_is_not_quoted(
+    token_server: TokenServer, http: aiohttp.ClientSession
+) -> None:
+    """The error code an endpoint answers is quoted in the call's error, which the agent
+    reads: an endpoint that answered the refresh token or the client secret as its `error`
+    put them there (an audit, with a Slack-style 200 `ok: false` too)."""
+    refresh = token_server.new_refresh_token()
+    form = {"grant_type": "refresh_token", "refresh_token": refresh,
+            "client_id": token_server.client_id, "client_secret": token_server.client_secret}  # fmt: skip
+    for status, body in (
+        (400, {"error": refresh}),
+        (401, {"error": token_server.client_secret}),
+        (200, {"ok": False, "error": refresh[:40]}),
+        (400, {"error": f"bad_{refresh}"[:64]}),
+    ):
+        token_server.queued.append((status, body))
+        with pytest.raises(CredentialError) as refused:
+            await request_token(http, token_server.url, form)
+        said = refused.value.message
+        assert refresh[:12] not in said and token_server.client_secret[:12] not in said, said
+    token_server.queued.append((400, {"error": "invalid_grant"}))
+    with pytest.raises(CredentialError, match=r"\(invalid_grant\)"):
+        await request_token(http, token_server.url, form)

@@ -278,3 +278,12 @@ def test_shown_url_and_scrubbed_errors() -> None:
     url = "https://hooks.slack.com/services/T/B/s3cr3t?k=v"
     error = scrubbed(f"template_error: bad URL {url}; path /services/T/B/s3cr3t", url)
     assert "s3cr3t" not in error and "hooks.slack.com" in error
+
+
+def test_a_url_refused_as_malformed_is_not_quoted_back() -> None:
+    """The URL is read hidden because it may be the credential: the error that refuses a
+    malformed one says why without it (it was quoted, path and all)."""
+    for bad in ("http://127.0.0.1:99999/hook/T0SECRET-path", "http://[127.0.0.1/T0SECRET-path"):
+        with pytest.raises(subscriptions.InvalidArgument) as refused:
+            subscriptions.check_url(bad)
+        assert "T0SECRET" not in refused.value.message and "not a URL" in refused.value.message

@@ -405,3 +405,27 @@ def test_a_secret_of_digits_echoed_as_a_json_number_is_scrubbed() -> None:
     }  # fmt: skip
     assert scrub({"n": 8675309123}, [SECRET]) == {"n": 8675309123}  # no secret of digits
     assert scrub({"b": True}, ["True"]) == {"b": True}  # JSON's true is not a number
+
+
+def test_hex_and_base64_inside_a_longer_text_are_scrubbed() -> None:
+    """An upstream that hex-dumps what it received, or base64-encodes a string holding the
+    secret (an opaque cursor made of the query it was sent): an audit found both reached
+    the agent and the history."""
+    raw = SECRET.encode()
+    for hexed in (raw.hex(), raw.hex().upper()):
+        assert REDACTED in scrub(f"got={hexed}", [SECRET]), hexed
+    for before in ("", "a", "ab", "q=1&api_key="):
+        for coder in (base64.b64encode, base64.urlsafe_b64encode):
+            cursor = coder(before.encode() + raw + b"&page=2").decode()
+            assert REDACTED in scrub({"next": cursor}, [SECRET])["next"], (before, cursor)
+    assert scrub("nothing here but 4142434445", [SECRET]) == "nothing here but 4142434445"
+
+
+def test_a_secret_cut_by_a_snippet_in_the_middle_of_a_message_is_redacted() -> None:
+    """The 'expected a JSON response' error quotes 120 characters of the answer and goes on
+    after them: a secret cut at the snippet's end was kept, its first part readable."""
+    text = "raw_query=enc=raw&mode=text&api_key=" + SECRET
+    snippet = text[: len("raw_query=enc=raw&mode=text&api_key=") + 12] + TRIMMED
+    said = scrub(f"expected a JSON response (HTTP 200): {snippet} — is the endpoint URL right?",
+                 [SECRET])  # fmt: skip
+    assert SECRET[:12] not in said and f"{REDACTED}{TRIMMED} — is the endpoint" in said

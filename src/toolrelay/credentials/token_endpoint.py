@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -102,11 +102,12 @@ async def _once(
     if len(body) > MAX_RESPONSE_BYTES:
         raise CredentialError(f"token endpoint {where}: response larger than 64 KiB")
     data = _json(body)
+    sent = [v for k, v in form.items() if k in _SECRET_FIELDS and len(v) >= _SECRET_MIN]
     if status != 200:
-        code = _oauth_error(data)
+        code = _oauth_error(data, sent)
         shown = f" ({code})" if code else ""
         raise TokenRejected(f"token endpoint {where} refused: HTTP {status}{shown}", code)
-    return _token_response(data, where)
+    return _token_response(data, where, sent)
 
 
 async def read_whole(resp: aiohttp.ClientResponse, limit: int) -> bytes:
@@ -138,16 +139,31 @@ def _json(body: bytes) -> Any:
         return None
 
 
-def _oauth_error(data: Any) -> str | None:
+# What a grant sends that the call's error must never quote (an endpoint may answer one as
+# its error code); shorter values are ordinary words.
+_SECRET_FIELDS: Final = frozenset(
+    {"refresh_token", "client_secret", "assertion", "client_assertion", "code",
+     "code_verifier", "password"}
+)  # fmt: skip
+_SECRET_MIN: Final = 8
+
+
+def _oauth_error(data: Any, sent: Sequence[str] = ()) -> str | None:
+    """The answer's OAuth error code, unless it holds (or is part of) a secret the grant
+    sent: the code is quoted in the call's error, which the agent reads."""
     code = data.get("error") if isinstance(data, dict) else None
-    return code if isinstance(code, str) and _ERROR_CODE.match(code) else None
+    if not isinstance(code, str) or not _ERROR_CODE.match(code):
+        return None
+    if any(s in code or (len(code) >= _SECRET_MIN and code in s) for s in sent):
+        return None
+    return code
 
 
-def _token_response(data: Any, where: str) -> TokenResponse:
+def _token_response(data: Any, where: str, sent: Sequence[str] = ()) -> TokenResponse:
     if not isinstance(data, dict):
         raise CredentialError(f"token endpoint {where}: the answer is not a JSON object")
     if data.get("ok") is False:  # Slack: errors come with HTTP 200
-        code = _oauth_error(data)
+        code = _oauth_error(data, sent)
         raise TokenRejected(f"token endpoint {where} refused: {code or 'ok: false'}", code)
     access = data.get("access_token")
     if not isinstance(access, str) or not access:

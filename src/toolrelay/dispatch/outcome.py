@@ -105,16 +105,20 @@ class _Scrubber:
     def __call__(self, text: str) -> str:
         if self.pattern.search(text) is not None:  # rare: a search is cheaper than a sub
             text = self.pattern.sub(REDACTED, text)
-        return self._cut_start(text) if text.endswith(TRIMMED) else text
+        return self._cut_starts(text) if TRIMMED in text else text
 
-    def _cut_start(self, text: str) -> str:
-        """A trimmed text may end in the first part of a secret: redact that too."""
-        body = text[: -len(TRIMMED)]
+    def _cut_starts(self, text: str) -> str:
+        """A trimmed text may end in the first part of a secret, and a message may go on
+        after a trimmed quote: redact the part before each mark of a cut too."""
+        parts = text.split(TRIMMED)
+        return TRIMMED.join([*map(self._cut_start, parts[:-1]), parts[-1]])
+
+    def _cut_start(self, body: str) -> str:
         for form in self.starts:
             for cut in range(min(len(form) - 1, len(body)), MIN_CUT_CHARS - 1, -1):
                 if body.endswith(form[:cut]):
-                    return body[:-cut] + REDACTED + TRIMMED
-        return text
+                    return body[:-cut] + REDACTED
+        return body
 
 
 @lru_cache(maxsize=SCRUBBER_CACHE)

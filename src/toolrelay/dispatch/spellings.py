@@ -14,6 +14,7 @@ import html
 import json
 import re
 from html.entities import html5
+from typing import Any
 from urllib.parse import quote, quote_plus
 
 from yarl import URL
@@ -48,9 +49,11 @@ def secret_forms(secret: str) -> set[str]:
         URL.build(query={"k": secret}).raw_query_string.removeprefix("k="),
     }
     raw = secret.encode()
-    for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
-        text = encoded.decode("ascii")
+    forms |= {raw.hex(), raw.hex().upper()}  # a hex dump of what was received
+    for coder in (base64.b64encode, base64.urlsafe_b64encode):
+        text = coder(raw).decode("ascii")
         forms |= {text, text.rstrip("=")}
+        forms |= _base64_inside(raw, coder)
     for ascii_only in (True, False):
         once = json.dumps(secret, ensure_ascii=ascii_only)[1:-1]
         forms |= {once, once.replace("/", "\\/"), json.dumps(once, ensure_ascii=ascii_only)[1:-1]}
@@ -63,6 +66,20 @@ def secret_forms(secret: str) -> set[str]:
         "".join(c if _plain(c) else f"&#x{ord(c):x};" for c in secret),
     }
     return forms
+
+
+def _base64_inside(raw: bytes, coder: Any) -> set[str]:
+    """What base64 of any text holding ``raw`` holds of it, whatever came before: the
+    characters of the groups made of ``raw``'s bytes alone, at each of the three places
+    ``raw`` may start in a group of three (a cursor encoding the query it was sent)."""
+    found = set()
+    for offset in (0, 1, 2):
+        whole = (offset + len(raw)) // 3  # groups of three complete without what follows
+        text = coder(b"\0" * offset + raw).decode("ascii")
+        inside = text[4 if offset else 0 : 4 * whole]
+        if len(inside) >= 16:  # shorter runs occur by chance in any base64
+            found.add(inside)
+    return found
 
 
 def _plain(char: str) -> bool:

@@ -122,7 +122,8 @@ def check_url(url: str) -> str:
     try:
         parsed = URL(url)
     except (ValueError, TypeError):
-        raise InvalidArgument(f"not a URL: {url[:200]!r}") from None
+        # Not quoted: the URL may be the credential (a Slack webhook's path).
+        raise InvalidArgument("not a URL (a port above 65535, a bracket left open?)") from None
     if parsed.scheme not in ("http", "https") or not parsed.raw_host:
         raise InvalidArgument("a webhook URL is http:// or https:// with a host")
     if parsed.user or parsed.password:
