@@ -757,3 +757,23 @@ def test_property_output_never_contains_environment(
             return
     assert SENTINEL not in repr(request)
     check_safe(request, ("https", "api.example.com", 443))
+
+
+def test_a_template_cannot_multiply_a_large_input_without_end() -> None:
+    """A thousand placeholders of one 1 MiB input would build a gigabyte in the worker's
+    loop, every tenant's: the placeholders may place 16 MiB into one request in all."""
+    big = "y" * 2**20
+    many = {"body": {f"k{i}": "{{input.x}}" for i in range(1000)}}
+    with pytest.raises(TemplateError, match="16 MiB"):
+        render_request("https://api.example.com/p", "POST", many, {"x": big}, "id-1")
+    headers = {"headers": {f"X-H{i}": "v={{input.x}}" for i in range(40)}}
+    with pytest.raises(TemplateError, match="16 MiB"):
+        render_request("https://api.example.com/p", "GET", headers, {"x": big[:500_000]}, "id-1")
+    nested = {"body": {f"k{i}": "{{input.o}}" for i in range(100)}}
+    obj = {"rows": [{"a": "z" * 100} for _ in range(3000)]}  # ~330 kB as JSON
+    with pytest.raises(TemplateError, match="16 MiB"):
+        render_request("https://api.example.com/p", "POST", nested, {"o": obj}, "id-1")
+    # The same input placed a few times is fine.
+    few = {"body": {"a": "{{input.x}}", "b": "{{input.x}}"}, "headers": {"X-N": "{{input.n}}"}}
+    sent = render_request("https://api.example.com/p", "POST", few, {"x": big, "n": 3}, "id-1")
+    assert sent.body == {"a": big, "b": big} and sent.headers["X-N"] == "3"

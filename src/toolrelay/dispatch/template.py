@@ -11,7 +11,7 @@ import json
 import math
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Final, TypeAlias
 from urllib.parse import quote, unquote, unquote_plus
@@ -83,10 +83,49 @@ class _Missing:
 _MISSING: Final = _Missing()
 
 
+# What placeholders may put into one request, in all (bytes of text, roughly): a template
+# of a thousand placeholders over one 1 MiB input would otherwise build a gigabyte in the
+# worker's loop, every tenant's.
+MAX_RENDERED_BYTES: Final = 16 * 2**20
+
+
 @dataclass(frozen=True)
 class _Context:
     input: Mapping[str, Any]
     invocation_id: str
+    spent: list[int] = field(default_factory=lambda: [0])  # bytes placed so far
+    sizes: dict[int, int] = field(default_factory=dict)  # id(value): its size, walked once
+
+    def place(self, value: Any) -> None:
+        """Count what one placeholder puts into the request; refuse past the limit."""
+        if isinstance(value, str):
+            size = len(value)
+        elif isinstance(value, Mapping | list | tuple):
+            size = self.sizes.get(id(value)) or self.sizes.setdefault(id(value), _size(value))
+        else:
+            size = 8
+        self.spent[0] += size
+        if self.spent[0] > MAX_RENDERED_BYTES:
+            raise TemplateError(
+                f"the request's placeholders would place more than {MAX_RENDERED_BYTES >> 20}"
+                " MiB of input into it (the same large value used many times?)"
+            )
+
+
+def _size(value: Any) -> int:
+    """Roughly the bytes of a JSON value as text (walked without recursion)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            total += 2 + sum(len(k) + 4 for k in item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            total += 2 + len(item)
+            stack.extend(item)
+        else:
+            total += len(item) + 2 if isinstance(item, str) else 8
+    return total
 
 
 PARSED_KEPT = 4096  # template strings kept parsed: the dispatcher renders the same ones again
@@ -151,6 +190,7 @@ def _resolve(ph: _Placeholder, ctx: _Context) -> Any:
         elif not isinstance(value, Mapping) or step not in value:
             return _MISSING
         value = value[step]
+    ctx.place(value)
     return value
 
 
