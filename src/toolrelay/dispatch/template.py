@@ -101,7 +101,8 @@ class _Context:
         if isinstance(value, str):
             size = len(value)
         elif isinstance(value, Mapping | list | tuple):
-            size = self.sizes.get(id(value)) or self.sizes.setdefault(id(value), _size(value))
+            if (size := self.sizes.get(id(value), -1)) < 0:
+                size = self.sizes[id(value)] = _size(value)
         else:
             size = 8
         self.spent[0] += size

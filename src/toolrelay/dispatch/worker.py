@@ -225,7 +225,7 @@ class Worker:
         # Tools whose credential is sealed with a master key this worker lacks: passed over
         # by its claims until then (monotonic), their calls left to workers with the key.
         self.keyless: dict[UUID, float] = {}
-        # Calls handed back for a worker with the master key (a drain that left them says so)
+        # Calls a drain handed back for a worker with the master key (it says so at its end)
         self.handed_back: dict[UUID, str] = {}  # invocation id: the key id it needs
         self.recording: set[UUID] = set()
         # Calls this process is making, claimed for this worker as they are inserted
@@ -687,7 +687,8 @@ class Worker:
         tool over for PASS_OVER_S and says so once per tool and window."""
         first = row["tool_id"] not in self._keyless_tools()
         self.keyless[row["tool_id"]] = time.monotonic() + PASS_OVER_S
-        self.handed_back[row["id"]] = outcome.detail or ""
+        if self.settings.drain:  # what a drain says it left (a long-running worker: its log)
+            self.handed_back[row["id"]] = outcome.detail or ""
         await self._db_call(self.store.release([row["id"]]))
         if first and outcome.error_code == "master_key_wrong":
             log.error(

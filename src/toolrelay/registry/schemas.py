@@ -60,7 +60,7 @@ PATTERN_CACHE_SIZE: Final = 4096  # distinct compiled patterns kept per process
 # level doubles at each level).
 STEPS_PER_NODE: Final = 64
 STEPS_BASE: Final = 20_000
-_STEPS_LEFT: ContextVar[list[int] | None] = ContextVar("schema_steps_left", default=None)
+_STEPS: ContextVar[_Steps | None] = ContextVar("schema_steps", default=None)
 OUTSIDE: Final = "only references inside the document ('#…') are allowed"
 RE2_RULE: Final = "patterns run on RE2, in linear time: no backreferences, no lookaround"
 
@@ -313,13 +313,34 @@ class TooMuchWork(Exception):
     """The schema took more steps on this value than its size allows."""
 
 
+class _Steps:
+    """The steps one validation has left. The value's size is counted only once the base
+    is spent: an ordinary value never is, and pays no walk."""
+
+    __slots__ = ("grown", "left", "nodes", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value, self.left, self.grown, self.nodes = value, STEPS_BASE, False, 0
+
+    @property
+    def allowed(self) -> int:
+        return STEPS_BASE + STEPS_PER_NODE * self.nodes
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left >= 0:
+            return
+        if self.grown:
+            raise TooMuchWork
+        self.grown, self.nodes = True, _nodes(self.value)
+        self.left += STEPS_PER_NODE * self.nodes
+
+
 def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
     def applied(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
-        left = _STEPS_LEFT.get()
-        if left is not None:
-            left[0] -= 1
-            if left[0] < 0:
-                raise TooMuchWork
+        steps = _STEPS.get()
+        if steps is not None:
+            steps.spend()
         return keyword(validator, value, instance, schema)
 
     return applied
@@ -713,8 +734,8 @@ class SchemaValidator:
             yield _refused(instance, f"the tool's schema {self.refusal}")
             return
         # Materialized: an exception part way makes the errors before it meaningless.
-        steps = STEPS_BASE + STEPS_PER_NODE * _nodes(instance)
-        budget = _STEPS_LEFT.set([steps])
+        steps = _Steps(instance)
+        budget = _STEPS.set(steps)
         try:
             errors = list(self._compiled.iter_errors(instance))
         except TooMuchWork:
@@ -722,8 +743,9 @@ class SchemaValidator:
                 _refused(
                     instance,
                     f"the tool's schema branches too much for this value: it took more than"
-                    f" {steps:,} steps ({STEPS_PER_NODE} for each of its {_nodes(instance):,}"
-                    f" parts, plus {STEPS_BASE:,}); the tool's schema must be simplified",
+                    f" {steps.allowed:,} steps ({STEPS_PER_NODE} for each of its"
+                    f" {steps.nodes:,} parts, plus {STEPS_BASE:,}); the tool's schema must be"
+                    " simplified",
                 )
             ]
         except Unresolvable as exc:  # not expected past schema_problem; never a fetch
@@ -734,7 +756,7 @@ class SchemaValidator:
         except RecursionError:
             errors = [_refused(instance, "the tool's schema refers to itself without end here")]
         finally:
-            _STEPS_LEFT.reset(budget)
+            _STEPS.reset(budget)
         yield from errors
 
     def is_valid(self, instance: Any) -> bool:
